@@ -1,0 +1,26 @@
+"""subnetdp: Subnetwork Data Parallelism for PyTorch.
+
+Each worker trains a structured subnetwork (some residual blocks, or some neurons) that still
+runs from input to loss; each parameter's gradient is averaged only among the workers that
+hold it. See ``SubnetDataParallel`` and ``subnetdp.plan.make_plan``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["SubnetDataParallel", "__version__", "make_plan"]
+
+
+def __getattr__(name: str) -> Any:  # lazy: `import subnetdp` must not pull torch.distributed
+    if name == "SubnetDataParallel":
+        from subnetdp.runtime.wrapper import SubnetDataParallel
+
+        return SubnetDataParallel
+    if name == "make_plan":
+        from subnetdp.plan import make_plan
+
+        return make_plan
+    raise AttributeError(name)

@@ -1,0 +1,173 @@
+"""``SubnetDataParallel``: a drop-in for ``DistributedDataParallel`` that trains subnetworks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from subnetdp.plan import Plan, PlanError
+from subnetdp.runtime.assemble import gather_full_state_dict, sync_buffers
+from subnetdp.runtime.groups import HolderGroups
+from subnetdp.runtime.reducer import CommStats, HolderReducer
+from subnetdp.subnet.adapter import UnitAdapter
+from subnetdp.subnet.build import drop_units, is_on_meta, materialize, param_layout
+from subnetdp.subnet.units import describe_units
+
+STRATEGIES = ("b-sdp",)
+
+
+class SubnetDataParallel(nn.Module):
+    """Wrap a model so this rank trains only the units the plan gives it.
+
+    Usage mirrors DDP::
+
+        with torch.device("meta"):
+            model = Llama(cfg)                      # nothing allocated yet
+        model = SubnetDataParallel(model, plan=plan, adapter=LLAMA_ADAPTER)
+        opt = torch.optim.AdamW(model.parameters())  # only held + shared parameters
+        loss = loss_fn(model(x), y); loss.backward()  # grads come back holder-averaged
+        opt.step()
+
+    A meta-device model is materialised with only the held units, each initialised from a seed
+    derived from its name so that all holders agree (and the full model equals the union of
+    the pieces). A model that is already materialised has its non-held units dropped, and its
+    remaining values are broadcast from their owners so that holders start identical.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        plan: Plan,
+        adapter: UnitAdapter,
+        strategy: str = "b-sdp",
+        device: torch.device | str | None = None,
+        init_seed: int = 0,
+        bucket_cap_mb: float = 25.0,
+    ) -> None:
+        super().__init__()
+        if strategy not in STRATEGIES:
+            raise ValueError(
+                f"strategy {strategy!r} is not available in SubnetDataParallel; "
+                f"choose one of {STRATEGIES} (use torch DDP for 'ddp')"
+            )
+        if not dist.is_initialized():
+            raise RuntimeError("call torch.distributed.init_process_group before wrapping")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        plan.validate(self.world)
+        _check_plan_matches(plan, module, adapter)
+        self.plan, self.adapter, self.strategy = plan, adapter, strategy
+        self.layout = param_layout(module, adapter)
+        self.unit_names = [u.name for u in describe_units(module, adapter)[0]]
+        self.full_state_keys = list(module.state_dict().keys())
+        self.held_units = plan.held_units(self.rank)
+
+        drop_units(module, adapter, self.held_units)
+        if device is None:
+            device = _default_device()
+        if is_on_meta(module):
+            materialize(module, adapter, device=device, seed=init_seed)
+            needs_broadcast = False
+        else:
+            module.to(device)
+            needs_broadcast = True
+        self.module = module
+
+        everyone = tuple(range(self.world))
+        self.groups = HolderGroups([*plan.holder_sets(), everyone], world=self.world)
+        if needs_broadcast:
+            self._broadcast_from_owners()
+        self.reducer = HolderReducer(
+            dict(module.named_parameters()),
+            self.layout,
+            plan,
+            rank=self.rank,
+            groups=self.groups,
+            bucket_cap_bytes=int(bucket_cap_mb * 2**20),
+        )
+
+    # -- the DDP surface ------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and self.reducer.enabled:
+            self.reducer.attach_grad_views()
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (gradient accumulation); the next backward outside
+        this context reduces the accumulated sum."""
+        prev, self.reducer.enabled = self.reducer.enabled, False
+        try:
+            yield
+        finally:
+            self.reducer.enabled = prev
+
+    # -- what subnetdp adds ---------------------------------------------------------------
+    @property
+    def comm_stats(self) -> CommStats:
+        return self.reducer.stats
+
+    @property
+    def params_held(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+    def sync_buffers(self) -> None:
+        """Average BatchNorm-style running statistics over holders (before eval/checkpoint)."""
+        sync_buffers(self.module, self.plan, self.unit_names, self.groups, rank=self.rank)
+
+    def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
+        """The full model's state dict on rank ``dst``, each unit from its owner. Collective."""
+        self.sync_buffers()
+        return gather_full_state_dict(
+            self.module, self.plan, self.unit_names, self.full_state_keys, rank=self.rank, dst=dst
+        )
+
+    # -- internals ------------------------------------------------------------------------
+    def _broadcast_from_owners(self) -> None:
+        """Make holder copies identical for a model materialised independently per rank."""
+        unit_of = {info.name: info.unit for info in self.layout}
+        per_unit: dict[int | None, list[torch.Tensor]] = {}
+        for name, t in [*self.module.named_parameters(), *self.module.named_buffers()]:
+            per_unit.setdefault(unit_of.get(name, _buffer_unit(name, self.unit_names)), []).append(t)
+        with torch.no_grad():
+            for u in [None, *range(self.plan.num_units)]:
+                holders = tuple(range(self.world)) if u is None else self.plan.holders(u)
+                if self.rank not in holders or len(holders) < 2:
+                    continue
+                src = 0 if u is None else self.plan.owner(u)
+                for t in per_unit.get(u, []):
+                    dist.broadcast(t, src=src, group=self.groups.group(tuple(holders)))
+
+
+def _buffer_unit(name: str, unit_names: list[str]) -> int | None:
+    for i, unit in enumerate(unit_names):
+        if name.startswith(unit + "."):
+            return i
+    return None
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_plan_matches(plan: Plan, module: nn.Module, adapter: UnitAdapter) -> None:
+    units, shared = describe_units(module, adapter)
+    if len(units) != plan.num_units:
+        raise PlanError(
+            f"the plan has {plan.num_units} units but {type(module).__name__} declares "
+            f"{len(units)}; build the plan from this model (make_plan(units=describe_units(...)))"
+        )
+    sizes = [u.size for u in units]
+    plan_sizes = [u.size for u in plan.units]
+    if plan_sizes != sizes and any(s != 1 for s in plan_sizes):
+        raise PlanError(
+            "the plan's unit sizes do not match the model's parameter counts; "
+            "rebuild the plan from this model"
+        )

@@ -1,0 +1,109 @@
+"""Build a worker's physical subnetwork: drop the units it does not hold, materialise the rest.
+
+The model may arrive on the meta device (the memory-saving path: non-held units are never
+allocated) or already materialised (then non-held units are simply dropped and freed).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from subnetdp.subnet.adapter import UnitAdapter
+from subnetdp.subnet.removed import removed_module
+from subnetdp.subnet.units import unit_modules
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter of the *full* model: the reducer's and the assembler's common map."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    unit: int | None  # index into the plan's units; None for shared parameters
+
+
+def param_layout(model: nn.Module, adapter: UnitAdapter) -> list[ParamInfo]:
+    """Every parameter of the full model in registration order, tagged with its unit."""
+    prefixes = [name + "." for name, _ in unit_modules(model, adapter)]
+
+    def unit_of(pname: str) -> int | None:
+        for i, prefix in enumerate(prefixes):
+            if pname.startswith(prefix):
+                return i
+        return None
+
+    return [
+        ParamInfo(name, tuple(p.shape), p.dtype, unit_of(name))
+        for name, p in model.named_parameters()
+    ]
+
+
+def drop_units(model: nn.Module, adapter: UnitAdapter, held: Iterable[int]) -> list[str]:
+    """Replace every unit not in ``held`` by its parameter-free stand-in; return their names."""
+    keep = set(held)
+    dropped = []
+    for i, (name, _) in enumerate(unit_modules(model, adapter)):
+        if i in keep:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, removed_module(adapter.removed, name))
+        dropped.append(name)
+    return dropped
+
+
+def _name_seed(seed: int, name: str) -> int:
+    # A stable per-module seed (Python's hash() is salted per process, crc32 is not).
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)
+
+
+def init_module_tree(model: nn.Module, adapter: UnitAdapter, *, seed: int) -> None:
+    """Initialise every module that directly owns parameters or buffers, each from an RNG
+    seeded by its qualified name, so that any worker holding a module gets the same values
+    whatever else it holds, and the full model equals the union of the workers' pieces."""
+    device = next((t.device for t in model.parameters()), torch.device("cpu"))
+    fork_devices = [device] if device.type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
+        for name, module in model.named_modules():
+            owns = any(True for _ in module.parameters(recurse=False)) or any(
+                True for _ in module.buffers(recurse=False)
+            )
+            if not owns:
+                continue
+            torch.manual_seed(_name_seed(seed, name))
+            if adapter.init_module is not None:
+                adapter.init_module(name, module)
+            elif hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+            else:
+                raise ValueError(
+                    f"module {name!r} ({type(module).__name__}) owns parameters but has no "
+                    "reset_parameters(); give the adapter an init_module function"
+                )
+
+
+def is_on_meta(model: nn.Module) -> bool:
+    tensors = [*model.parameters(), *model.buffers()]
+    return bool(tensors) and all(t.is_meta for t in tensors)
+
+
+def materialize(
+    model: nn.Module, adapter: UnitAdapter, *, device: torch.device | str, seed: int
+) -> nn.Module:
+    """Allocate a meta-device model on ``device`` and initialise it deterministically."""
+    model.to_empty(device=device)
+    init_module_tree(model, adapter, seed=seed)
+    return model
+
+
+def build_full_model(
+    model: nn.Module, adapter: UnitAdapter, *, device: torch.device | str = "cpu", seed: int = 0
+) -> nn.Module:
+    """The full model with the same initial values as the workers' subnetworks (a reference)."""
+    return materialize(model, adapter, device=device, seed=seed) if is_on_meta(model) else model

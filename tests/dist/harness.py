@@ -1,0 +1,68 @@
+"""Run a function in N gloo worker processes and collect what each returns.
+
+Workers are forked (fast: no re-import of torch) and rendezvous through a FileStore in a
+temporary directory, so tests never need a free TCP port.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import multiprocessing as mp
+
+
+def _worker(
+    rank: int, world: int, tmp: str, fn: Callable[..., Any], args: tuple, queue: Any
+) -> None:
+    torch.set_num_threads(1)
+    try:
+        store = dist.FileStore(os.path.join(tmp, "store"), world)
+        dist.init_process_group("gloo", rank=rank, world_size=world, store=store)
+        try:
+            result = fn(rank, world, *args)
+        finally:
+            dist.destroy_process_group()
+        # Results travel through a file: tensors sent over a queue would be shared-memory
+        # handles that die with this process.
+        torch.save(result, os.path.join(tmp, f"result{rank}.pt"))
+        queue.put((rank, True, None))
+    except BaseException:  # report any failure to the parent instead of hanging it
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def run_workers(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 240) -> list[Any]:
+    """``fn(rank, world, *args)`` on ``world`` processes; returns the results by rank."""
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [
+            ctx.Process(target=_worker, args=(r, world, tmp, fn, args, queue))
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        results: dict[int, Any] = {}
+        errors = []
+        try:
+            for _ in range(world):
+                rank, ok, value = queue.get(timeout=timeout)
+                if ok:
+                    path = os.path.join(tmp, f"result{rank}.pt")
+                    results[rank] = torch.load(path, weights_only=False)
+                else:
+                    errors.append(f"rank {rank} failed:\n{value}")
+                    break
+        finally:
+            for p in procs:
+                p.join(timeout=5 if errors else 30)
+                if p.is_alive():
+                    p.kill()
+        if errors:
+            raise RuntimeError("\n".join(errors))
+    return [results[r] for r in range(world)]
