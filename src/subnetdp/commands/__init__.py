@@ -1,0 +1,1 @@
+"""Subcommands of the ``subnetdp`` command line (each module: add_parser + run)."""

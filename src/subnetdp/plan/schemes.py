@@ -1,0 +1,199 @@
+"""Plan schemes: who holds which unit (method.md §3).
+
+Two facts shape the schemes (N workers, U units, k units per worker):
+
+- Every unit needs a holder, so k·N >= U.
+- The graph "workers that share a unit" can only be connected if k·N - U >= N - 1: a unit with
+  c holders joins at most c - 1 components, and the units together offer Σ(c_u - 1) = k·N - U
+  joins, while N workers need N - 1 of them. (N = 1 is trivially connected.)
+
+``spread`` (the default) is connected exactly when that bound allows it; see ``spread_matrix``.
+``random`` always returns a connected plan, or refuses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from subnetdp.plan.plan import Plan, PlanError, Unit, connected_components
+
+Matrix = tuple[tuple[bool, ...], ...]
+
+# The random scheme retries with the same generator this many times before falling back to a
+# randomly relabelled spread window (which is connected whenever any plan can be).
+RANDOM_TRIES = 200
+
+
+def units_for_coverage(coverage: float, num_units: int) -> int:
+    """k, the number of units per worker: ``round(coverage * U)``, halves rounded up, >= 1.
+
+    Halves go up (not Python's round-half-to-even) so that e.g. C=0.5 of 5 units gives 3,
+    the side that never drops below the requested coverage. The tiny epsilon absorbs binary
+    floating error such as 0.7 * 10 = 7.000000000000001 or 0.35 * 10 = 3.4999999999999996.
+    """
+    return max(1, math.floor(coverage * num_units + 0.5 + 1e-9))
+
+
+def min_units_per_worker(world: int, num_units: int, *, connected: bool = False) -> int:
+    """Smallest k such that every unit has a holder (and, if asked, a connected plan exists)."""
+    if connected and world > 1:
+        return min(num_units, math.ceil((num_units + world - 1) / world))
+    return math.ceil(num_units / world)
+
+
+def can_connect(world: int, num_units: int, k: int) -> bool:
+    """Whether any plan with k units per worker has a connected worker graph (module docstring)."""
+    return world == 1 or k * world - num_units >= world - 1
+
+
+def _check_k(world: int, num_units: int, k: int) -> None:
+    if world < 1:
+        raise PlanError(f"world must be >= 1 worker, got {world}")
+    if num_units < 1:
+        raise PlanError("a plan needs at least one unit; give --units N >= 1 or a model")
+    if not 1 <= k <= num_units:
+        raise PlanError(f"units per worker must be in [1, {num_units}], got {k}")
+    if k * world < num_units:
+        kmin = min_units_per_worker(world, num_units)
+        raise PlanError(
+            f"{world} workers holding {k} of {num_units} units each leave some unit with no "
+            f"holder (k*N = {k * world} < U = {num_units}); the minimum coverage for {world} "
+            f"workers and {num_units} units is {kmin}/{num_units} = {kmin / num_units:.4g}: "
+            "raise --coverage or --world"
+        )
+
+
+def spread_matrix(world: int, num_units: int, k: int, *, offset: int = 0) -> Matrix:
+    """Spread window: worker i holds k consecutive units from ⌊i·U/N⌋ (+ offset), cyclically.
+
+    Starts are as evenly spaced as integers allow, so holder counts differ by at most one
+    (exactly k·N/U each when that divides) and consecutive workers overlap whenever k exceeds
+    their start gap. A cut in the worker ring needs a gap of k = ⌈U/N⌉; with U = qN + r there are
+    r such gaps, and r <= 1 is exactly the bound k·N - U >= N - 1, so spread is connected
+    whenever any plan with k units per worker can be. ``offset`` rotates all windows (e.g. by
+    layer index for neuron-level plans) without changing these properties.
+    """
+    _check_k(world, num_units, k)
+    rows = []
+    for i in range(world):
+        start = i * num_units // world + offset
+        held = {(start + j) % num_units for j in range(k)}
+        rows.append(tuple(u in held for u in range(num_units)))
+    return tuple(rows)
+
+
+def naive_window(world: int, num_units: int, k: int) -> Matrix:
+    """Worker i holds units i·k … i·k+k−1 (mod U). Balanced, but it can split workers into
+    islands (e.g. N=8, U=6, k=3: even and odd workers never meet). Kept for tests and docs."""
+    _check_k(world, num_units, k)
+    rows = []
+    for i in range(world):
+        held = {(i * k + j) % num_units for j in range(k)}
+        rows.append(tuple(u in held for u in range(num_units)))
+    return tuple(rows)
+
+
+def _random_balanced(world: int, num_units: int, k: int, rng: np.random.Generator) -> Matrix:
+    """Every worker holds k units, holder counts differ by at most one, chosen at random.
+
+    Target counts are ⌊kN/U⌋ plus one for (kN mod U) random units. Workers then pick, one after
+    the other, the k units with the largest remaining demand (random tie-break). Taking the
+    largest demands first keeps the remaining demands within one of each other and never above
+    the number of workers left, so the construction always completes (Gale-Ryser / Ryser).
+    """
+    base, extra = divmod(k * world, num_units)
+    demand = np.full(num_units, base, dtype=np.int64)
+    demand[rng.permutation(num_units)[:extra]] += 1
+    rows = []
+    for _ in range(world):
+        # lexsort: last key is primary -> largest demand first, random priority breaks ties.
+        order = np.lexsort((rng.random(num_units), -demand))
+        chosen = order[:k]
+        demand[chosen] -= 1
+        row = np.zeros(num_units, dtype=bool)
+        row[chosen] = True
+        rows.append(tuple(bool(x) for x in row))
+    return tuple(rows)
+
+
+def random_matrix(world: int, num_units: int, k: int, rng: np.random.Generator) -> Matrix:
+    """A seeded, balanced and connected random plan (see ``_random_balanced``).
+
+    Draws until the worker graph is connected. Near the connectivity bound almost no balanced
+    plan is connected, so after ``RANDOM_TRIES`` draws it falls back to a spread window with
+    workers and units relabelled at random, which is balanced and connected by construction.
+    """
+    _check_k(world, num_units, k)
+    if not can_connect(world, num_units, k):
+        kmin = min_units_per_worker(world, num_units, connected=True)
+        raise PlanError(
+            f"no connected plan exists for {world} workers holding {k} of {num_units} units each "
+            f"(needs k*N - U >= N - 1, i.e. k >= {kmin}, coverage >= {kmin / num_units:.4g}); "
+            "raise --coverage, or use --scheme spread to accept a disconnected plan"
+        )
+    for _ in range(RANDOM_TRIES):
+        m = _random_balanced(world, num_units, k, rng)
+        if len(connected_components(m)) == 1:
+            return m
+    spread = spread_matrix(world, num_units, k)
+    ranks, cols = rng.permutation(world), rng.permutation(num_units)
+    return tuple(tuple(spread[int(ranks[i])][int(cols[u])] for u in range(num_units))
+                 for i in range(world))
+
+
+def make_plan(
+    *,
+    world: int,
+    units: int | Sequence[Unit],
+    coverage: float,
+    scheme: str = "spread",
+    seed: int = 0,
+    shared_size: int = 0,
+) -> Plan:
+    """Build a plan where each of ``world`` workers holds k = round(coverage·U) units.
+
+    ``units`` is a count (that many units of size 1 named ``unit{i}``) or the model's units with
+    their sizes. See ``units_for_coverage`` for the rounding. ``coverage == 1`` gives every worker
+    every unit (DDP). ``seed`` only matters for ``scheme="random"``.
+    """
+    if isinstance(units, bool):
+        raise PlanError("units must be a count or a list of Unit, got a bool")
+    if isinstance(units, int):
+        if units < 1:
+            raise PlanError(f"a plan needs at least one unit, got units={units}")
+        unit_list = tuple(Unit(f"unit{i}", 1) for i in range(units))
+    else:
+        unit_list = tuple(units)
+        if not unit_list:
+            raise PlanError("a plan needs at least one unit; the model declares none")
+    if isinstance(coverage, bool) or not (0.0 < float(coverage) <= 1.0):
+        raise PlanError(
+            f"coverage must be in (0, 1] (the fraction of units each worker holds), got {coverage}"
+        )
+    if world < 1:
+        raise PlanError(f"world must be >= 1 worker, got {world}")
+    num_units = len(unit_list)
+    k = num_units if coverage >= 1.0 else units_for_coverage(coverage, num_units)
+    if scheme == "spread":
+        matrix = spread_matrix(world, num_units, k)
+    elif scheme == "random":
+        matrix = random_matrix(world, num_units, k, np.random.default_rng(seed))
+    else:
+        raise PlanError(
+            f"unknown scheme {scheme!r}; use 'spread' or 'random' (or explicit_plan / --explicit "
+            "FILE for a hand-written matrix)"
+        )
+    plan = Plan(
+        world=world,
+        units=unit_list,
+        shared_size=shared_size,
+        matrix=matrix,
+        scheme=scheme,
+        coverage=float(coverage),
+        seed=seed,
+    )
+    plan.validate()
+    return plan
