@@ -4,6 +4,6 @@ import os
 # forked workers must not inherit a live OpenMP pool.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)

@@ -6,6 +6,7 @@ temporary directory, so tests never need a free TCP port.
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import traceback
@@ -20,6 +21,7 @@ import multiprocessing as mp
 def _worker(
     rank: int, world: int, tmp: str, fn: Callable[..., Any], args: tuple, queue: Any
 ) -> None:
+    gc.freeze()  # never collect what was inherited (see launch.py, fork and the GC)
     torch.set_num_threads(1)
     try:
         store = dist.FileStore(os.path.join(tmp, "store"), world)
@@ -27,7 +29,8 @@ def _worker(
         try:
             result = fn(rank, world, *args)
         finally:
-            dist.destroy_process_group()
+            if dist.is_initialized():  # the function may have shut it down itself
+                dist.destroy_process_group()
         # Results travel through a file: tensors sent over a queue would be shared-memory
         # handles that die with this process.
         torch.save(result, os.path.join(tmp, f"result{rank}.pt"))
@@ -38,6 +41,7 @@ def _worker(
 
 def run_workers(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 240) -> list[Any]:
     """``fn(rank, world, *args)`` on ``world`` processes; returns the results by rank."""
+    gc.collect()
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:

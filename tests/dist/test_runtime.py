@@ -90,34 +90,43 @@ class _Skip(nn.Module):  # the reference's own stand-in for a removed block
         return x
 
 
+def _hand_averaged_grads(full: Toy, blocks: list[nn.Module], plan, step: int) -> None:
+    """Set ``full``'s grads to the holder averages of the virtual workers' gradients."""
+    sums = {n: torch.zeros_like(p) for n, p in full.named_parameters()}
+    counts = dict.fromkeys(sums, 0)
+    for w in range(plan.world):
+        held = set(plan.held_units(w))
+        full.blocks = nn.ModuleList(b if i in held else _Skip() for i, b in enumerate(blocks))
+        full.zero_grad(set_to_none=True)
+        x, y = toy_batch(w, step)
+        toy_loss(full(x), y).backward()
+        for n, p in full.named_parameters():
+            if p.grad is not None:
+                sums[n] += p.grad
+                counts[n] += 1
+    full.blocks = nn.ModuleList(blocks)
+    for n, p in full.named_parameters():
+        unit = int(n.split(".")[1]) if n.startswith("blocks.") else None
+        expected = plan.world if unit is None else len(plan.holders(unit))
+        assert counts[n] == expected, n
+        p.grad = sums[n] / counts[n]
+
+
+def _reference_model() -> Toy:
+    with torch.device("meta"):
+        model = Toy()
+    return build_full_model(model, TOY_ADAPTER, seed=7)
+
+
 def _reference(plan, steps: int) -> list[dict[str, torch.Tensor]]:
     """One process, N virtual workers: each runs its subnetwork on its own batch; every
     parameter's gradient is then averaged by hand over the workers that hold it."""
-    with torch.device("meta"):
-        model = Toy()
-    full = build_full_model(model, TOY_ADAPTER, seed=7)
+    full = _reference_model()
     opt = _optimizer(full.parameters())
     blocks = list(full.blocks)
     history = []
     for step in range(steps):
-        sums = {n: torch.zeros_like(p) for n, p in full.named_parameters()}
-        counts = dict.fromkeys(sums, 0)
-        for w in range(plan.world):
-            held = set(plan.held_units(w))
-            full.blocks = nn.ModuleList(b if i in held else _Skip() for i, b in enumerate(blocks))
-            full.zero_grad(set_to_none=True)
-            x, y = toy_batch(w, step)
-            toy_loss(full(x), y).backward()
-            for n, p in full.named_parameters():
-                if p.grad is not None:
-                    sums[n] += p.grad
-                    counts[n] += 1
-        full.blocks = nn.ModuleList(blocks)
-        for n, p in full.named_parameters():
-            unit = int(n.split(".")[1]) if n.startswith("blocks.") else None
-            expected = plan.world if unit is None else len(plan.holders(unit))
-            assert counts[n] == expected, n
-            p.grad = sums[n] / counts[n]
+        _hand_averaged_grads(full, blocks, plan, step)
         opt.step()
         history.append({n: p.detach().clone() for n, p in full.named_parameters()})
     return history
@@ -246,3 +255,28 @@ def test_no_sync_gradient_accumulation_equals_large_batch() -> None:
     for acc, big in run_workers(_no_sync_accumulates, 2, plan):
         for k in acc:
             torch.testing.assert_close(acc[k], big[k], rtol=1e-5, atol=1e-6)
+
+
+def _clip(rank: int, world: int, plan) -> tuple[float, dict]:
+    with torch.device("meta"):
+        model = Toy()
+    sdp = SubnetDataParallel(model, plan=plan, adapter=TOY_ADAPTER, device="cpu", init_seed=7)
+    x, y = toy_batch(rank, 0)
+    toy_loss(sdp(x), y).backward()
+    norm = sdp.clip_grad_norm_(0.05)
+    return norm.item(), {k: p.grad.clone() for k, p in sdp.module.named_parameters()}
+
+
+def test_clip_grad_norm_uses_the_full_model_norm() -> None:
+    """Every rank clips by the same (full-model) norm, so holders stay identical."""
+    plan = _toy_plan(world=4, coverage=0.5)
+    full = _reference_model()
+    _hand_averaged_grads(full, list(full.blocks), plan, step=0)
+    grads = {n: p.grad for n, p in full.named_parameters()}
+    ref_norm = torch.sqrt(sum(g.square().sum() for g in grads.values())).item()
+    assert ref_norm > 0.05  # the clip must bite
+    for norm, clipped in run_workers(_clip, 4, plan):
+        assert abs(norm - ref_norm) < 1e-5 * ref_norm
+        for name, g in clipped.items():
+            torch.testing.assert_close(g, grads[name] * 0.05 / (ref_norm + 1e-6),
+                                       rtol=1e-5, atol=1e-7)

@@ -185,7 +185,7 @@ class HolderReducer:
                     p.grad = view
 
     # -- during backward ------------------------------------------------------------------
-    def _hook(self, bucket: _Bucket, i: int):  # noqa: ANN202 - closure
+    def _hook(self, bucket: _Bucket, i: int):
         def hook(_: torch.Tensor) -> None:
             if not self.enabled:
                 return

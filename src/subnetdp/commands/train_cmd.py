@@ -1,0 +1,105 @@
+"""``subnetdp train``: start the workers (or be one, under torchrun) and train one run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from subnetdp.train.config import STRATEGIES, TrainConfig
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--recipe", default=d.recipe,
+                   help="llama-tiny, resnet18-fmnist, llama-134m, ...")
+    p.add_argument("--strategy", default=d.strategy, choices=STRATEGIES)
+    p.add_argument("--coverage", type=float, default=d.coverage,
+                   help="fraction of units each worker holds (b-sdp)")
+    p.add_argument("--scheme", default=d.scheme, choices=("spread", "random"))
+    p.add_argument("--plan-file", default=None, help="a plan JSON instead of --coverage/--scheme")
+    p.add_argument("--nproc", type=int, default=4,
+                   help="local worker processes (ignored under torchrun, which sets the world)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--batch-size", type=int, default=None, help="per worker; recipe default")
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--weight-decay", type=float, default=None)
+    p.add_argument("--grad-clip", type=float, default=None)
+    p.add_argument("--vocab-size", type=int, default=None)
+    p.add_argument("--data-dir", default=None, help="your own text/images instead of the packages")
+    p.add_argument("--eval-batches", type=int, default=d.eval_batches)
+    p.add_argument("--memory-step", type=int, default=d.memory_step,
+                   help="step whose memory is measured (-1: none)")
+    p.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"))
+    p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model config field, e.g. --model-arg width=16 (repeatable)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("train", help="train one run (ddp or b-sdp)")
+    add_train_arguments(p)
+    p.add_argument("--out", default=None, help="run directory (default runs/<recipe>-<strategy>)")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    values["model_args"] = dict(_parse_model_arg(a) for a in args.model_arg)
+    if values.get("out") is None:
+        values["out"] = f"runs/{args.recipe}-{args.strategy}"
+    return TrainConfig(**values)
+
+
+def _parse_model_arg(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--model-arg expects KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
+def run_training(cfg: TrainConfig) -> dict[str, Any]:
+    """Train and return the run's summary (read back from ``summary.json``)."""
+    from subnetdp.train.launch import launch, under_launcher
+    from subnetdp.train.tasks import make_task
+    from subnetdp.train.trainer import train_worker
+
+    cfg = cfg.resolved()
+    if not under_launcher():
+        if cfg.plan_file:  # refuse a plan for another world size before starting anyone
+            from subnetdp.plan import Plan
+
+            Plan.from_json(Path(cfg.plan_file).read_text()).validate(cfg.nproc)
+        make_task(cfg)  # build the tokenizer/token cache once, before the workers start
+    launch(train_worker, (cfg.to_dict(),), nproc=cfg.nproc,
+           run_id=f"subnetdp-{int(time.time())}")
+    summary_path = Path(cfg.out) / "summary.json"
+    return json.loads(summary_path.read_text()) if summary_path.exists() else {}
+
+
+def run(args: argparse.Namespace) -> int:
+    from subnetdp.commands.report import format_summary
+    from subnetdp.data import DatasetMissingError
+
+    try:
+        cfg = config_from_args(args)
+        summary = run_training(cfg)
+    except (ValueError, FileNotFoundError, DatasetMissingError) as e:
+        print(f"subnetdp train: {e}", file=sys.stderr)
+        return 2
+    if summary and os.environ.get("RANK", "0") == "0":  # under torchrun, one report
+        print(format_summary(summary))
+        print(f"\nsummary: {Path(cfg.out) / 'summary.json'}")
+    return 0

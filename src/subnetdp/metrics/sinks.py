@@ -1,0 +1,146 @@
+"""Where metrics go: one JSONL file per rank (a line per logged step) and atomic JSON summaries.
+
+Metric names follow torchtitan: ``loss``, ``throughput(tps)``, ``memory/peak_active(GiB)``,
+``comm/bytes_per_step``, ``time/step_s``, ``lr``. Use the constants below rather than string
+literals so that plots and comparisons find the same keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+__all__ = [
+    "COMM_BYTES",
+    "LOSS",
+    "LR",
+    "PEAK_ACTIVE",
+    "STEP_TIME",
+    "THROUGHPUT",
+    "JsonlSink",
+    "rank_jsonl_path",
+    "read_jsonl",
+    "write_json_atomic",
+]
+
+LOSS = "loss"
+THROUGHPUT = "throughput(tps)"
+PEAK_ACTIVE = "memory/peak_active(GiB)"
+COMM_BYTES = "comm/bytes_per_step"
+STEP_TIME = "time/step_s"
+LR = "lr"
+
+
+def rank_jsonl_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """The conventional per-rank metrics file of a run: ``<run_dir>/metrics/rank<r>.jsonl``."""
+    return Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+
+
+class JsonlSink:
+    """Append one JSON object per ``log`` call to ``path``, flushed at once.
+
+    Flushing each line (not fsyncing) means a crashed or killed run still leaves every logged
+    step readable, at the cost of one write syscall per step. Appending lets a resumed run
+    continue the same file. Non-finite floats become ``null`` so the file stays strict JSON.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: IO[str] | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Write ``{"step": step, "time": <unix seconds>, **metrics}`` as one line."""
+        if self._f is None:
+            raise ValueError(f"JsonlSink({self.path}) is closed; create a new sink to log again")
+        record = {"step": int(step), "time": time.time(), **metrics}
+        self._f.write(_dumps(record) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> JsonlSink:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All records of a JSONL file; a torn last line (run killed mid-write) is skipped."""
+    out: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON so that readers see the old file or the new, never half.
+
+    Writes a temporary file in the same directory (same filesystem, so the rename is atomic),
+    fsyncs it, then ``os.replace``s it over ``path``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(_dumps(obj, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _dumps(obj: Any, indent: int | None = None) -> str:
+    return json.dumps(_clean(obj), indent=indent, default=_default, allow_nan=False)
+
+
+def _clean(obj: Any) -> Any:
+    """Replace NaN/inf by None (strict JSON) in the containers json would walk."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _default(obj: Any) -> Any:
+    """JSON for the values metrics commonly hold: 0-d tensors, numpy scalars, paths, dataclasses."""
+    if hasattr(obj, "item") and getattr(obj, "ndim", 0) == 0:  # torch / numpy scalar
+        return _clean(obj.item())
+    if hasattr(obj, "tolist"):  # small tensors / arrays
+        return _clean(obj.tolist())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _clean(dataclasses.asdict(obj))
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=str)
+    # A logger must never crash a training run over an odd value; keep it readable instead.
+    return str(obj)

@@ -1,0 +1,86 @@
+"""The training run's configuration: one dataclass, resolved against the recipe's defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+STRATEGIES = ("ddp", "b-sdp")
+
+
+@dataclass
+class TrainConfig:
+    recipe: str = "llama-tiny"
+    strategy: str = "b-sdp"
+    coverage: float = 0.5
+    scheme: str = "spread"
+    plan_file: str | None = None  # a plan JSON (e.g. from `subnetdp plan --json`) instead
+    seed: int = 0
+    steps: int = 300
+    nproc: int = 1
+    out: str = "runs/default"
+    # None = the recipe's default
+    batch_size: int | None = None
+    seq_len: int | None = None
+    lr: float | None = None
+    warmup: int | None = None
+    weight_decay: float | None = None
+    grad_clip: float | None = None
+    vocab_size: int | None = None
+    data_dir: str | None = None
+    eval_batches: int = 40
+    log_every: int = 10
+    memory_step: int = 3  # measure memory on this step (after warm-up); -1 disables
+    device: str = "auto"  # auto | cpu | cuda
+    bucket_cap_mb: float = 25.0
+    progress: bool = True
+    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"width": 16}
+
+    def resolved(self) -> TrainConfig:
+        """A copy with every None filled from the recipe's defaults, validated."""
+        from subnetdp.models import get_recipe
+
+        recipe = get_recipe(self.recipe)
+        d = recipe.defaults
+        cfg = dataclasses.replace(self)
+        for name in ("batch_size", "seq_len", "lr", "warmup", "weight_decay", "grad_clip",
+                     "vocab_size"):
+            if getattr(cfg, name) is None:
+                setattr(cfg, name, d.get(name))
+        if cfg.warmup is None:
+            cfg.warmup = 0
+        if cfg.grad_clip is None:
+            cfg.grad_clip = 0.0
+        cfg.validate(recipe.task)
+        return cfg
+
+    def validate(self, task: str) -> None:
+        def bad(msg: str) -> None:
+            raise ValueError(msg)
+
+        if self.strategy not in STRATEGIES:
+            bad(f"--strategy {self.strategy!r} is not available; choose one of {STRATEGIES}")
+        if not 0.0 < self.coverage <= 1.0:
+            bad(f"--coverage must be in (0, 1], got {self.coverage}")
+        if self.steps < 1:
+            bad(f"--steps must be >= 1, got {self.steps}")
+        if self.nproc < 1:
+            bad(f"--nproc must be >= 1, got {self.nproc}")
+        if self.batch_size is not None and self.batch_size < 1:
+            bad(f"--batch-size must be >= 1, got {self.batch_size}")
+        if task == "lm" and self.seq_len is not None and self.seq_len < 2:
+            bad(f"--seq-len must be >= 2, got {self.seq_len}")
+        if self.lr is not None and self.lr <= 0:
+            bad(f"--lr must be > 0, got {self.lr}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            bad(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if self.eval_batches < 1:
+            bad(f"--eval-batches must be >= 1, got {self.eval_batches}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        return cls(**d)
