@@ -131,6 +131,8 @@ class CommStats:
     last_step_bytes: int = 0
     last_step_ring_bytes: float = 0.0
     last_step_collectives: int = 0
+    # collectives launched while this rank still awaited other gradients (true overlap)
+    last_step_overlapped: int = 0
     total_bytes: int = 0
     by_group: dict[tuple[int, ...], int] = field(default_factory=dict)
 
@@ -170,6 +172,7 @@ class HolderReducer:
         self.enabled = True  # False inside no_sync(): gradients just accumulate locally
         self._in_backward = False
         self._next = 0
+        self._pending = 0  # gradients still awaited in this backward, over all buckets
 
     # -- before forward -------------------------------------------------------------------
     def attach_grad_views(self) -> None:
@@ -194,8 +197,11 @@ class HolderReducer:
             if not bucket.ready[i]:
                 bucket.ready[i] = True
                 bucket.pending -= 1
+                self._pending -= 1
                 if bucket.pending == 0:
-                    self._launch_ready()
+                    launched = self._launch_ready()
+                    if self._pending > 0:
+                        self.stats.last_step_overlapped += launched
 
         return hook
 
@@ -205,15 +211,20 @@ class HolderReducer:
         self.stats.last_step_bytes = 0
         self.stats.last_step_ring_bytes = 0.0
         self.stats.last_step_collectives = 0
+        self.stats.last_step_overlapped = 0
         for b in self.buckets:
             b.ready = [False] * len(b.params)
             b.pending = len(b.params)
+        self._pending = sum(b.pending for b in self.buckets)
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
-    def _launch_ready(self) -> None:
+    def _launch_ready(self) -> int:
+        """Launch, in global order, every bucket whose gradients are all ready; return count."""
+        first = self._next
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
             self._launch(self.buckets[self._next])
             self._next += 1
+        return self._next - first
 
     def _launch(self, b: _Bucket) -> None:
         if b.buffer is None:
