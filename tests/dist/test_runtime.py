@@ -192,6 +192,9 @@ def test_costs_equal_plan_analytic_figures(four_workers) -> None:
         wb = worker_bytes(plan, rank)
         assert res["params_held"] * 4 == wb.params
         assert res["bytes"] == [wb.allreduce_payload] * STEPS
+        # one group per distinct holder set of two or more ranks (the world's is the default)
+        multi = {hs for hs in plan.holder_sets() if len(hs) > 1} | {tuple(range(plan.world))}
+        assert res["groups"] == len(multi)
     # b-sdp at C = 0.5 sends strictly less than DDP would
     ddp_bytes = (plan.shared_size + sum(u.size for u in plan.units)) * 4
     assert all(r["bytes"][0] < ddp_bytes for r in results)
