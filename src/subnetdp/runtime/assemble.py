@@ -10,13 +10,7 @@ from torch import nn
 
 from subnetdp.plan import Plan
 from subnetdp.runtime.groups import HolderGroups
-
-
-def unit_of_key(key: str, unit_names: Sequence[str]) -> int | None:
-    for i, name in enumerate(unit_names):
-        if key.startswith(name + "."):
-            return i
-    return None
+from subnetdp.subnet.units import unit_index
 
 
 def owned_state(
@@ -27,7 +21,7 @@ def owned_state(
     model exactly once."""
     out = {}
     for key, value in module.state_dict().items():
-        u = unit_of_key(key, unit_names)
+        u = unit_index(key, unit_names)
         mine = rank == 0 if u is None else plan.owner(u) == rank
         if mine:
             out[key] = value.detach().to("cpu", copy=True)
@@ -80,7 +74,7 @@ def sync_buffers(
     for key, buf in module.named_buffers():
         if key not in persistent or not buf.is_floating_point():
             continue
-        by_unit.setdefault(unit_of_key(key, unit_names), []).append(buf)
+        by_unit.setdefault(unit_index(key, unit_names), []).append(buf)
     order: list[int | None] = [*range(plan.num_units), None]
     for u in order:
         holders = tuple(range(plan.world)) if u is None else tuple(plan.holders(u))

@@ -29,6 +29,7 @@ Gloo has no AVG reduction, hence SUM then divide (after, to keep the sum exact i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -70,7 +71,7 @@ def global_buckets(
                 BucketSpec(
                     cur_holders,
                     tuple(p.name for p in cur),
-                    tuple(_numel(p.shape) for p in cur),
+                    tuple(math.prod(p.shape) for p in cur),
                     cur[0].dtype,
                 )
             )
@@ -79,7 +80,7 @@ def global_buckets(
     size = 0
     for info in reversed(layout):
         holders = everyone if info.unit is None else tuple(plan.holders(info.unit))
-        nbytes = _numel(info.shape) * _itemsize(info.dtype)
+        nbytes = math.prod(info.shape) * info.dtype.itemsize
         if cur and (
             holders != cur_holders or info.dtype != cur[0].dtype or size + nbytes > bucket_cap_bytes
         ):
@@ -90,17 +91,6 @@ def global_buckets(
         size += nbytes
     close()
     return specs
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
 @dataclass
@@ -116,7 +106,7 @@ class _Bucket:
 
     @property
     def nbytes(self) -> int:
-        return self.spec.numel * _itemsize(self.spec.dtype)
+        return self.spec.numel * self.spec.dtype.itemsize
 
     def view(self, i: int) -> torch.Tensor:
         assert self.buffer is not None

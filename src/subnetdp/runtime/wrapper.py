@@ -10,13 +10,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from subnetdp.plan import Plan, PlanError
-from subnetdp.runtime.assemble import gather_full_state_dict, sync_buffers, unit_of_key
+from subnetdp.plan import Plan, PlanError, Unit
+from subnetdp.runtime.assemble import gather_full_state_dict, sync_buffers
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.reducer import CommStats, HolderReducer
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.build import drop_units, is_on_meta, materialize, param_layout
-from subnetdp.subnet.units import describe_units
+from subnetdp.subnet.units import describe_units, unit_index
 
 STRATEGIES = ("b-sdp",)
 
@@ -60,10 +60,11 @@ class SubnetDataParallel(nn.Module):
             raise RuntimeError("call torch.distributed.init_process_group before wrapping")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         plan.validate(self.world)
-        _check_plan_matches(plan, module, adapter)
+        units, _ = describe_units(module, adapter)
+        _check_plan_matches(plan, units, type(module).__name__)
         self.plan, self.adapter, self.strategy = plan, adapter, strategy
         self.layout = param_layout(module, adapter)
-        self.unit_names = [u.name for u in describe_units(module, adapter)[0]]
+        self.unit_names = [u.name for u in units]
         self.full_state_keys = list(module.state_dict().keys())
         self.held_units = plan.held_units(self.rank)
 
@@ -158,7 +159,7 @@ class SubnetDataParallel(nn.Module):
         """Make holder copies identical for a model materialised independently per rank."""
         per_unit: dict[int | None, list[torch.Tensor]] = {}
         for name, t in [*self.module.named_parameters(), *self.module.named_buffers()]:
-            per_unit.setdefault(unit_of_key(name, self.unit_names), []).append(t)
+            per_unit.setdefault(unit_index(name, self.unit_names), []).append(t)
         with torch.no_grad():
             for u in [None, *range(self.plan.num_units)]:
                 holders = tuple(range(self.world)) if u is None else self.plan.holders(u)
@@ -175,11 +176,10 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _check_plan_matches(plan: Plan, module: nn.Module, adapter: UnitAdapter) -> None:
-    units, _ = describe_units(module, adapter)
+def _check_plan_matches(plan: Plan, units: list[Unit], model_name: str) -> None:
     if len(units) != plan.num_units:
         raise PlanError(
-            f"the plan has {plan.num_units} units but {type(module).__name__} declares "
+            f"the plan has {plan.num_units} units but {model_name} declares "
             f"{len(units)}; build the plan from this model (make_plan(units=describe_units(...)))"
         )
     sizes = [u.size for u in units]

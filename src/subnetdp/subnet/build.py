@@ -15,7 +15,7 @@ from torch import nn
 
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.removed import removed_module
-from subnetdp.subnet.units import unit_modules
+from subnetdp.subnet.units import unit_index, unit_modules
 
 
 @dataclass(frozen=True)
@@ -30,16 +30,9 @@ class ParamInfo:
 
 def param_layout(model: nn.Module, adapter: UnitAdapter) -> list[ParamInfo]:
     """Every parameter of the full model in registration order, tagged with its unit."""
-    prefixes = [name + "." for name, _ in unit_modules(model, adapter)]
-
-    def unit_of(pname: str) -> int | None:
-        for i, prefix in enumerate(prefixes):
-            if pname.startswith(prefix):
-                return i
-        return None
-
+    names = [name for name, _ in unit_modules(model, adapter)]
     return [
-        ParamInfo(name, tuple(p.shape), p.dtype, unit_of(name))
+        ParamInfo(name, tuple(p.shape), p.dtype, unit_index(name, names))
         for name, p in model.named_parameters()
     ]
 

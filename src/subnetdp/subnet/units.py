@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import nn
 
 from subnetdp.plan import Unit
@@ -23,6 +25,15 @@ def unit_modules(model: nn.Module, adapter: UnitAdapter) -> list[tuple[str, nn.M
             if a != b and b.startswith(a + "."):
                 raise ValueError(f"unit {b!r} is nested inside unit {a!r}; units must be disjoint")
     return [(p, model.get_submodule(p)) for p in paths]
+
+
+def unit_index(name: str, unit_names: Sequence[str]) -> int | None:
+    """The unit a parameter/buffer/state key belongs to (by qualified-name prefix), or None
+    when it is shared."""
+    for i, unit in enumerate(unit_names):
+        if name.startswith(unit + "."):
+            return i
+    return None
 
 
 def describe_units(model: nn.Module, adapter: UnitAdapter) -> tuple[list[Unit], int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -111,7 +112,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             sent = _comm_bytes(model, counter) - sent_before
             step_bytes.append(sent)
             losses.append(loss)
-            if not torch.isfinite(torch.tensor(loss)):
+            if not math.isfinite(loss):
                 raise FloatingPointError(
                     f"rank {rank}: loss is {loss} at step {step}; lower --lr or enable "
                     "--grad-clip"
