@@ -108,6 +108,11 @@ class _Bucket:
     def nbytes(self) -> int:
         return self.spec.numel * self.spec.dtype.itemsize
 
+    def ensure_buffer(self) -> None:
+        if self.buffer is None:  # allocated once, on first use; every slice is written before use
+            p0 = self.params[0]
+            self.buffer = torch.empty(self.spec.numel, dtype=p0.dtype, device=p0.device)
+
     def view(self, i: int) -> torch.Tensor:
         assert self.buffer is not None
         p = self.params[i]
@@ -168,9 +173,7 @@ class HolderReducer:
     def attach_grad_views(self) -> None:
         """Point every ``.grad`` at its bucket slice so backward accumulates into the buffer."""
         for b in self.buckets:
-            if b.buffer is None:
-                p0 = b.params[0]
-                b.buffer = torch.zeros(b.spec.numel, dtype=p0.dtype, device=p0.device)
+            b.ensure_buffer()
             for i, p in enumerate(b.params):
                 if p.grad is None:
                     view = b.view(i)
@@ -217,9 +220,7 @@ class HolderReducer:
         return self._next - first
 
     def _launch(self, b: _Bucket) -> None:
-        if b.buffer is None:
-            p0 = b.params[0]
-            b.buffer = torch.empty(b.spec.numel, dtype=p0.dtype, device=p0.device)
+        b.ensure_buffer()
         for i, p in enumerate(b.params):
             view = b.view(i)
             g = p.grad
