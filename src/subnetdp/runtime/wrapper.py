@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -153,6 +153,46 @@ class SubnetDataParallel(nn.Module):
         return gather_full_state_dict(
             self.module, self.plan, self.unit_names, self.full_state_keys, rank=self.rank, dst=dst
         )
+
+    # -- shards (checkpoints) --------------------------------------------------------------
+    def shard_state(
+        self, tensors: Mapping[str, torch.Tensor] | None = None, *, owned_only: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """This rank's pieces of the full model, keyed in *full-model* coordinates.
+
+        ``tensors`` maps local state keys (``self.module.state_dict()`` keys) to tensors of the
+        same local shape (default: the module's own state; pass e.g. ``{name: exp_avg}`` to
+        shard optimizer state the same way). A piece key is the state key for a whole entry,
+        or ``f"{key}@{dim}:{start}:{stop}"`` for a slice of the full entry along ``dim`` (n-sdp).
+        With ``owned_only`` only pieces this rank owns are returned (units whose lowest-ranked
+        holder it is; shared entries on rank 0), so the ranks' shards cover the full model
+        exactly once. Values are contiguous CPU copies.
+        """
+        src = dict(self.module.state_dict()) if tensors is None else dict(tensors)
+        out = {}
+        for key, value in src.items():
+            u = unit_index(key, self.unit_names)
+            if owned_only and (self.rank != 0 if u is None else self.plan.owner(u) != self.rank):
+                continue
+            out[key] = value.detach().to("cpu", copy=True).contiguous()
+        return out
+
+    @torch.no_grad()
+    def load_shard_state(
+        self,
+        entries: Mapping[str, torch.Tensor],
+        into: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Fill this rank's local tensors from full-coordinate pieces (the union of shards
+        written by ``shard_state``). ``into`` maps local state keys to the tensors to fill
+        (default: the module's own state). Raises ``KeyError`` naming the missing pieces."""
+        dst = dict(self.module.state_dict()) if into is None else dict(into)
+        missing = [k for k in dst if k not in entries]
+        if missing:
+            raise KeyError(f"the shards lack {len(missing)} pieces this rank holds, e.g. "
+                           f"{missing[:3]}; the checkpoint is incomplete or from another plan")
+        for key, t in dst.items():
+            t.copy_(entries[key])
 
     # -- internals ------------------------------------------------------------------------
     def _broadcast_from_owners(self) -> None:
