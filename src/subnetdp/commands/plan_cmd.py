@@ -2,6 +2,7 @@
 
     subnetdp plan --world 8 --units 12 --coverage 0.5 [--scheme spread|random] [--seed S] [--json]
     subnetdp plan --world 8 --model llama-tiny --coverage 0.5 --save plan.json
+    subnetdp plan --world 4 --model llama-tiny --strategy n-sdp --coverage 0.5 [--rotate]
     subnetdp plan --explicit matrix.json [--model NAME]
 
 torch is imported only for ``--model`` (the model is built on the meta device: no memory).
@@ -20,6 +21,7 @@ from subnetdp.plan import (
     Unit,
     diagnostics,
     explicit_plan,
+    make_layered_plan,
     make_plan,
     units_for_coverage,
     worker_bytes,
@@ -40,6 +42,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--coverage", type=float, help="fraction of units each worker holds, in (0, 1]")
     p.add_argument("--scheme", choices=["spread", "random"], help="default: spread")
     p.add_argument("--seed", type=int, default=0, help="seed of the random scheme (default 0)")
+    p.add_argument("--strategy", choices=["b-sdp", "n-sdp"], default="b-sdp",
+                   help="units are blocks (b-sdp) or neuron groups of every layer pair (n-sdp; "
+                        "needs --model)")
+    p.add_argument("--neuron-groups", type=int, default=None,
+                   help="n-sdp: groups per layer pair (default: --world)")
+    p.add_argument("--neuron-kinds", default=None,
+                   help="n-sdp: pair kinds to split, e.g. ffn,heads (default: all)")
+    p.add_argument("--rotate", action="store_true",
+                   help="n-sdp: rotate each layer's spread window by the layer index")
     p.add_argument(
         "--explicit",
         metavar="FILE",
@@ -91,8 +102,33 @@ def _load_explicit(path: str) -> tuple[list[list[Any]], list[Unit] | None, int |
     return data, None, None
 
 
+def _neuron_plan(args: argparse.Namespace) -> Plan:
+    import torch
+
+    from subnetdp.models import get_recipe
+    from subnetdp.subnet.neurons import describe_neuron_units
+
+    if args.model is None or args.world is None or args.coverage is None:
+        raise PlanError("--strategy n-sdp needs --model NAME, --world N and --coverage C")
+    if args.explicit is not None:
+        raise PlanError("--explicit does not combine with --strategy n-sdp; give the matrix "
+                        "of a saved n-sdp plan to `train --plan-file` instead")
+    recipe = get_recipe(args.model)
+    with torch.device("meta"):
+        model = recipe.build_model()
+    kinds = args.neuron_kinds.split(",") if args.neuron_kinds else None
+    units, shared, layers = describe_neuron_units(
+        model, recipe.adapter, groups=args.neuron_groups or args.world, kinds=kinds
+    )
+    return make_layered_plan(world=args.world, units=units, layers=layers,
+                             coverage=args.coverage, scheme=args.scheme or "spread",
+                             seed=args.seed, shared_size=shared, rotate=args.rotate)
+
+
 def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
     """The plan the arguments describe, and the model name if one was used."""
+    if getattr(args, "strategy", "b-sdp") == "n-sdp":
+        return _neuron_plan(args), args.model
     units: int | list[Unit] | None = args.units
     shared = args.shared_size
     if args.model is not None:
@@ -136,9 +172,12 @@ def report(plan: Plan, model: str | None, *, param_bytes: int, optimizer_states:
     """Everything ``subnetdp plan`` prints, JSON-ready."""
     out = diagnostics(plan)
     if plan.coverage is not None:
-        out["k"] = plan.num_units if plan.coverage >= 1 else units_for_coverage(
-            plan.coverage, plan.num_units
-        )
+        # Neuron-level units are named "pair[g]" and k applies per layer pair.
+        first = plan.units[0].name.partition("[")[0]
+        per_layer = [u for u in plan.units if u.name.partition("[")[0] == first]
+        n = len(per_layer) if plan.units[0].name.endswith("]") else plan.num_units
+        out["k"] = n if plan.coverage >= 1 else units_for_coverage(plan.coverage, n)
+        out["units_per_layer"] = n
     out["model"] = model
     out["shared_size"] = plan.shared_size
     out["unit_names"] = [u.name for u in plan.units]
@@ -168,7 +207,9 @@ def _ranges(units: list[int]) -> str:
 def format_table(rep: dict) -> str:
     title = f"plan: {rep['world']} workers, {rep['num_units']} units, scheme {rep['scheme']}"
     if rep.get("coverage") is not None:
-        title += f", coverage {rep['coverage']:g} (k={rep['k']})"
+        per = "" if rep["units_per_layer"] == rep["num_units"] else \
+            f" per layer of {rep['units_per_layer']}"
+        title += f", coverage {rep['coverage']:g} (k={rep['k']}{per})"
     if rep["model"] is not None:
         title += f", model {rep['model']} (shared {rep['shared_size']:,} elements)"
     lines = [

@@ -20,8 +20,17 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="llama-tiny, resnet18-fmnist, llama-134m, ...")
     p.add_argument("--strategy", default=d.strategy, choices=STRATEGIES)
     p.add_argument("--coverage", type=float, default=d.coverage,
-                   help="fraction of units each worker holds (b-sdp)")
+                   help="fraction of units (blocks for b-sdp, neuron groups of every layer "
+                        "for n-sdp) each worker holds")
     p.add_argument("--scheme", default=d.scheme, choices=("spread", "random"))
+    p.add_argument("--neuron-groups", type=int, default=None,
+                   help="n-sdp: groups per layer pair (default: the world size)")
+    p.add_argument("--neuron-kinds", default=None,
+                   help="n-sdp: pair kinds to split, e.g. ffn or ffn,heads (default: all)")
+    p.add_argument("--rotate", action="store_true",
+                   help="n-sdp: rotate each layer's spread window by the layer index")
+    p.add_argument("--output-scaling", default=d.output_scaling, choices=("none", "keep"),
+                   help="n-sdp: scale kept hidden units by 1/keep-rate while training")
     p.add_argument("--plan-file", default=None, help="a plan JSON instead of --coverage/--scheme")
     p.add_argument("--nproc", type=int, default=4,
                    help="local worker processes (ignored under torchrun, which sets the world)")
@@ -46,7 +55,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("train", help="train one run (ddp or b-sdp)")
+    p = subparsers.add_parser("train", help="train one run (ddp, b-sdp or n-sdp)")
     add_train_arguments(p)
     p.add_argument("--out", default=None, help="run directory (default runs/<recipe>-<strategy>)")
 

@@ -17,6 +17,7 @@ from subnetdp.plan.diagnostics import (
 from subnetdp.plan.plan import Plan, PlanError, Unit, connected_components, explicit_plan
 from subnetdp.plan.schemes import (
     can_connect,
+    make_layered_plan,
     make_plan,
     min_units_per_worker,
     naive_window,
@@ -35,6 +36,7 @@ __all__ = [
     "diagnostics",
     "explicit_plan",
     "is_connected",
+    "make_layered_plan",
     "make_plan",
     "mask_error",
     "min_units_per_worker",

@@ -197,3 +197,49 @@ def make_plan(
     )
     plan.validate()
     return plan
+
+
+def make_layered_plan(
+    *,
+    world: int,
+    units: Sequence[Unit],
+    layers: Sequence[int],
+    coverage: float,
+    scheme: str = "spread",
+    seed: int = 0,
+    shared_size: int = 0,
+    rotate: bool = False,
+) -> Plan:
+    """A neuron-level plan (method.md §3): units are grouped by layer (``layers[u]`` is unit
+    u's layer) and every worker holds k_l = round(coverage·U_l) units *of every layer*, chosen
+    by ``scheme`` within the layer. With ``rotate`` the spread window of the l-th layer starts
+    l units later, which varies which workers share which layers; the holder sets stay the
+    same windows (so the number of process groups does not grow)."""
+    unit_list = tuple(units)
+    if len(layers) != len(unit_list):
+        raise PlanError(f"{len(unit_list)} units but {len(layers)} layer indices")
+    if isinstance(coverage, bool) or not (0.0 < float(coverage) <= 1.0):
+        raise PlanError(f"coverage must be in (0, 1], got {coverage}")
+    if scheme not in ("spread", "random"):
+        raise PlanError(f"unknown scheme {scheme!r}; use 'spread' or 'random'")
+    order: dict[int, list[int]] = {}
+    for u, layer in enumerate(layers):
+        order.setdefault(layer, []).append(u)
+    rng = np.random.default_rng(seed)
+    columns: dict[int, tuple[bool, ...]] = {}
+    for pos, members in enumerate(order.values()):
+        n = len(members)
+        k = n if coverage >= 1.0 else units_for_coverage(coverage, n)
+        if scheme == "spread":
+            sub = spread_matrix(world, n, k, offset=pos if rotate else 0)
+        else:
+            sub = random_matrix(world, n, k, rng)
+        for j, u in enumerate(members):
+            columns[u] = tuple(sub[i][j] for i in range(world))
+    matrix = tuple(
+        tuple(columns[u][i] for u in range(len(unit_list))) for i in range(world)
+    )
+    plan = Plan(world=world, units=unit_list, shared_size=shared_size, matrix=matrix,
+                scheme=scheme, coverage=float(coverage), seed=seed)
+    plan.validate()
+    return plan

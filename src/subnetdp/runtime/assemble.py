@@ -1,67 +1,110 @@
-"""Putting the full model back together from the workers' pieces, and keeping buffers in sync."""
+"""Putting the full model back together from the workers' pieces, and keeping buffers in sync.
+
+Everything here goes through the index map of ``subnet.pieces``: a piece is named in full-model
+coordinates (a whole entry, or a slice of one for n-sdp) and ``LocalPiece.view`` finds it in
+this rank's possibly narrower tensor.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from subnetdp.plan import Plan
 from subnetdp.runtime.groups import HolderGroups
-from subnetdp.subnet.units import unit_index
+from subnetdp.subnet.pieces import LocalPiece, Piece
 
 
-def owned_state(
-    module: nn.Module, plan: Plan, unit_names: Sequence[str], *, rank: int
+def owns(piece: Piece, plan: Plan, rank: int) -> bool:
+    """Whether ``rank`` is the piece's owner: its unit's lowest-ranked holder; rank 0 for
+    shared pieces. Over all ranks, owners cover the full model exactly once."""
+    return rank == 0 if piece.unit is None else plan.owner(piece.unit) == rank
+
+
+def shard(
+    tensors: Mapping[str, torch.Tensor],
+    local: Mapping[str, Sequence[LocalPiece]],
+    plan: Plan,
+    *,
+    rank: int,
+    owned_only: bool,
 ) -> dict[str, torch.Tensor]:
-    """The state entries this rank is responsible for: units it owns (it is their lowest-ranked
-    holder) and, on rank 0, the shared entries. Together, over all ranks, they cover the full
-    model exactly once."""
+    """Pieces of local tensors (keyed like ``local``) under their full-model names, as
+    contiguous CPU copies; with ``owned_only``, only the pieces this rank owns."""
     out = {}
-    for key, value in module.state_dict().items():
-        u = unit_index(key, unit_names)
-        mine = rank == 0 if u is None else plan.owner(u) == rank
-        if mine:
-            out[key] = value.detach().to("cpu", copy=True)
+    for key, t in tensors.items():
+        for lp in local[key]:
+            if owned_only and not owns(lp.piece, plan, rank):
+                continue
+            out[lp.piece.name] = lp.view(t.detach()).to("cpu", copy=True).contiguous()
+    return out
+
+
+def assemble(
+    parts: Sequence[Mapping[str, torch.Tensor]], pieces: Sequence[Piece], full_keys: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """The full state dict from the union of pieces (``parts``: one shard per rank), in the
+    full model's key order so that it loads into the plain model class."""
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        merged.update(part)
+    missing = [p.name for p in pieces if p.name not in merged]
+    if missing:
+        raise RuntimeError(f"assembled state is missing {missing[:5]} (plan/model mismatch?)")
+    by_key: dict[str, list[Piece]] = {}
+    for p in pieces:
+        by_key.setdefault(p.key, []).append(p)
+    out = {}
+    for key in full_keys:
+        ps = by_key[key]
+        if ps[0].dim is None:
+            out[key] = merged[ps[0].name]
+            continue
+        dim = ps[0].dim
+        shape = list(ps[0].shape)
+        shape[dim] = sum(p.stop - p.start for p in ps)
+        full = torch.empty(shape, dtype=ps[0].dtype)
+        for p in ps:
+            full.narrow(dim, p.start, p.stop - p.start).copy_(merged[p.name])
+        out[key] = full
     return out
 
 
 def gather_full_state_dict(
-    module: nn.Module,
-    plan: Plan,
-    unit_names: Sequence[str],
+    owned: dict[str, torch.Tensor],
+    pieces: Sequence[Piece],
     full_keys: Sequence[str],
     *,
+    world: int,
     rank: int,
     dst: int = 0,
 ) -> dict[str, torch.Tensor] | None:
-    """The full model's state dict on ``dst`` (None elsewhere), each unit taken from its owner.
-
-    Collective over the world. Keys come back in the full model's own order so that the result
-    loads into the plain model class.
-    """
-    mine = owned_state(module, plan, unit_names, rank=rank)
+    """The full model's state dict on ``dst`` (None elsewhere) from each rank's owned pieces.
+    Collective over the world."""
     parts: list[dict[str, torch.Tensor]] | None = (
-        [{} for _ in range(plan.world)] if rank == dst else None
+        [{} for _ in range(world)] if rank == dst else None
     )
-    dist.gather_object(mine, parts, dst=dst)
-    if parts is None:
-        return None
-    merged: dict[str, torch.Tensor] = {}
-    for part in parts:
-        merged.update(part)
-    missing = [k for k in full_keys if k not in merged]
-    if missing:
-        raise RuntimeError(f"assembled state is missing {missing[:5]} (plan/model mismatch?)")
-    return {k: merged[k] for k in full_keys}
+    dist.gather_object(owned, parts, dst=dst)
+    return None if parts is None else assemble(parts, pieces, full_keys)
+
+
+def _per_unit(
+    tensors: Mapping[str, torch.Tensor], local: Mapping[str, Sequence[LocalPiece]]
+) -> dict[int | None, list[torch.Tensor]]:
+    """Local views of every piece, grouped by unit (None: shared), in piece order."""
+    out: dict[int | None, list[torch.Tensor]] = {}
+    for key, t in tensors.items():
+        for lp in local[key]:
+            out.setdefault(lp.piece.unit, []).append(lp.view(t))
+    return out
 
 
 def sync_buffers(
-    module: nn.Module,
+    buffers: Mapping[str, torch.Tensor],
+    local: Mapping[str, Sequence[LocalPiece]],
     plan: Plan,
-    unit_names: Sequence[str],
     groups: HolderGroups,
     *,
     rank: int,
@@ -69,23 +112,42 @@ def sync_buffers(
     """Average floating-point persistent buffers (e.g. BatchNorm running statistics) over
     their holders; shared ones over the world. Call before evaluation and checkpointing.
     Collectives follow unit order (shared last) on every rank, like the reducer."""
-    persistent = set(module.state_dict().keys())
-    by_unit: dict[int | None, list[torch.Tensor]] = {}
-    for key, buf in module.named_buffers():
-        if key not in persistent or not buf.is_floating_point():
-            continue
-        by_unit.setdefault(unit_index(key, unit_names), []).append(buf)
-    order: list[int | None] = [*range(plan.num_units), None]
-    for u in order:
+    floats = {k: b for k, b in buffers.items() if b.is_floating_point()}
+    by_unit = _per_unit(floats, local)
+    for u in [*range(plan.num_units), None]:
         holders = tuple(range(plan.world)) if u is None else tuple(plan.holders(u))
         if rank not in holders or len(holders) < 2 or u not in by_unit:
             continue
-        bufs = by_unit[u]
-        flat = torch.cat([b.reshape(-1) for b in bufs])
+        views = by_unit[u]
+        flat = torch.cat([v.reshape(-1) for v in views])
         dist.all_reduce(flat, group=groups.group(holders))
         flat.div_(len(holders))
         offset = 0
         with torch.no_grad():
-            for b in bufs:
-                b.copy_(flat[offset : offset + b.numel()].view_as(b))
-                offset += b.numel()
+            for v in views:
+                v.copy_(flat[offset : offset + v.numel()].view_as(v))
+                offset += v.numel()
+
+
+def broadcast_from_owners(
+    tensors: Mapping[str, torch.Tensor],
+    local: Mapping[str, Sequence[LocalPiece]],
+    plan: Plan,
+    groups: HolderGroups,
+    *,
+    rank: int,
+) -> None:
+    """Make holder copies identical for a model materialised independently on each rank:
+    every piece goes from its owner to its other holders, in unit order (shared first)."""
+    by_unit = _per_unit(tensors, local)
+    with torch.no_grad():
+        for u in [None, *range(plan.num_units)]:
+            holders = tuple(range(plan.world)) if u is None else tuple(plan.holders(u))
+            if rank not in holders or len(holders) < 2:
+                continue
+            src = 0 if u is None else plan.owner(u)
+            for v in by_unit.get(u, []):
+                buf = v.contiguous()
+                dist.broadcast(buf, src=src, group=groups.group(holders))
+                if buf.data_ptr() != v.data_ptr():
+                    v.copy_(buf)

@@ -29,7 +29,6 @@ Gloo has no AVG reduction, hence SUM then divide (after, to keep the sum exact i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,57 +38,50 @@ from torch import nn
 
 from subnetdp.plan import Plan
 from subnetdp.runtime.groups import HolderGroups
-from subnetdp.subnet.build import ParamInfo
+from subnetdp.subnet.pieces import LocalPiece, Piece
 
 
 @dataclass(frozen=True)
 class BucketSpec:
-    """A bucket of the global order: same holder set and dtype, parameters by full name."""
+    """A bucket of the global order: same holder set and dtype, pieces by full-model name."""
 
     holders: tuple[int, ...]
-    names: tuple[str, ...]
-    numels: tuple[int, ...]
+    pieces: tuple[Piece, ...]
     dtype: torch.dtype
 
     @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.pieces)
+
+    @property
     def numel(self) -> int:
-        return sum(self.numels)
+        return sum(p.numel for p in self.pieces)
 
 
 def global_buckets(
-    layout: Sequence[ParamInfo], plan: Plan, *, bucket_cap_bytes: int
+    order: Sequence[Piece], plan: Plan, *, bucket_cap_bytes: int
 ) -> list[BucketSpec]:
-    """The bucket list every rank derives identically from the plan and the full layout."""
+    """The bucket list every rank derives identically from the plan and the full model's
+    parameter pieces in reduction order (``subnet.pieces.reduction_order``)."""
     everyone = tuple(range(plan.world))
     specs: list[BucketSpec] = []
-    cur: list[ParamInfo] = []
+    cur: list[Piece] = []
     cur_holders: tuple[int, ...] = ()
-
-    def close() -> None:
-        if cur:
-            specs.append(
-                BucketSpec(
-                    cur_holders,
-                    tuple(p.name for p in cur),
-                    tuple(math.prod(p.shape) for p in cur),
-                    cur[0].dtype,
-                )
-            )
-            cur.clear()
-
     size = 0
-    for info in reversed(layout):
-        holders = everyone if info.unit is None else tuple(plan.holders(info.unit))
-        nbytes = math.prod(info.shape) * info.dtype.itemsize
+    for piece in order:
+        holders = everyone if piece.unit is None else tuple(plan.holders(piece.unit))
+        nbytes = piece.numel * piece.dtype.itemsize
         if cur and (
-            holders != cur_holders or info.dtype != cur[0].dtype or size + nbytes > bucket_cap_bytes
+            holders != cur_holders or piece.dtype != cur[0].dtype
+            or size + nbytes > bucket_cap_bytes
         ):
-            close()
-            size = 0
+            specs.append(BucketSpec(cur_holders, tuple(cur), cur[0].dtype))
+            cur, size = [], 0
         cur_holders = holders
-        cur.append(info)
+        cur.append(piece)
         size += nbytes
-    close()
+    if cur:
+        specs.append(BucketSpec(cur_holders, tuple(cur), cur[0].dtype))
     return specs
 
 
@@ -97,6 +89,7 @@ def global_buckets(
 class _Bucket:
     spec: BucketSpec
     params: list[nn.Parameter]
+    locs: list[LocalPiece]  # where each piece sits in its local parameter
     group: dist.ProcessGroup | None
     offsets: list[int]
     buffer: torch.Tensor | None = None
@@ -113,10 +106,16 @@ class _Bucket:
             p0 = self.params[0]
             self.buffer = torch.empty(self.spec.numel, dtype=p0.dtype, device=p0.device)
 
-    def view(self, i: int) -> torch.Tensor:
+    def slot(self, i: int) -> torch.Tensor:
+        """Piece i's region of the flat buffer, shaped like the piece."""
         assert self.buffer is not None
-        p = self.params[i]
-        return self.buffer[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+        piece = self.spec.pieces[i]
+        return self.buffer[self.offsets[i] : self.offsets[i] + piece.numel].view(piece.shape)
+
+    def is_view(self, i: int) -> bool:
+        """Whole parameters live in the buffer (``.grad`` is a view of it); slices of a
+        narrowed parameter cannot, they are copied in at launch and out at the end."""
+        return self.spec.pieces[i].dim is None
 
 
 @dataclass
@@ -138,63 +137,78 @@ class HolderReducer:
     def __init__(
         self,
         params: Mapping[str, nn.Parameter],
-        layout: Sequence[ParamInfo],
+        local: Mapping[str, Sequence[LocalPiece]],
+        order: Sequence[Piece],
         plan: Plan,
         *,
         rank: int,
         groups: HolderGroups,
         bucket_cap_bytes: int = 25 * 2**20,
     ) -> None:
+        """``params``: this rank's parameters by full-model name; ``local``: its index map
+        (``subnet.pieces.local_pieces``); ``order``: the full model's parameter pieces in
+        reduction order, identical on every rank."""
         self.rank = rank
         self.stats = CommStats()
         self.buckets: list[_Bucket] = []
-        for spec in global_buckets(layout, plan, bucket_cap_bytes=bucket_cap_bytes):
+        where = {lp.piece.name: lp for lps in local.values() for lp in lps}
+        for spec in global_buckets(order, plan, bucket_cap_bytes=bucket_cap_bytes):
             if rank not in spec.holders or len(spec.holders) < 2:
                 continue  # not ours, or held alone: nothing to average
-            missing = [n for n in spec.names if n not in params]
+            missing = [n for n in spec.names if n not in where]
             if missing:
                 raise RuntimeError(f"rank {rank} holds {spec.holders} but lacks {missing[:3]}")
-            ps = [params[n] for n in spec.names]
+            locs = [where[n] for n in spec.names]
             offsets = [0]
-            for p in ps[:-1]:
-                offsets.append(offsets[-1] + p.numel())
-            self.buckets.append(_Bucket(spec, ps, groups.group(spec.holders), offsets))
-        self._hooks = []
+            for piece in spec.pieces[:-1]:
+                offsets.append(offsets[-1] + piece.numel)
+            ps = [params[lp.piece.key] for lp in locs]
+            self.buckets.append(_Bucket(spec, ps, locs, groups.group(spec.holders), offsets))
+        # A narrowed parameter has pieces in several buckets: its hook marks all of them.
+        members: dict[int, tuple[nn.Parameter, list[tuple[_Bucket, int]]]] = {}
         for b in self.buckets:
             for i, p in enumerate(b.params):
-                if p.requires_grad:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(b, i)))
+                members.setdefault(id(p), (p, []))[1].append((b, i))
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._hook(entries))
+            for p, entries in members.values()
+            if p.requires_grad
+        ]
         self.enabled = True  # False inside no_sync(): gradients just accumulate locally
         self._in_backward = False
         self._next = 0
-        self._pending = 0  # gradients still awaited in this backward, over all buckets
+        self._pending = 0  # pieces still awaited in this backward, over all buckets
 
     # -- before forward -------------------------------------------------------------------
     def attach_grad_views(self) -> None:
-        """Point every ``.grad`` at its bucket slice so backward accumulates into the buffer."""
+        """Point every whole parameter's ``.grad`` at its bucket slot so backward accumulates
+        straight into the buffer."""
         for b in self.buckets:
             b.ensure_buffer()
             for i, p in enumerate(b.params):
-                if p.grad is None:
-                    view = b.view(i)
+                if p.grad is None and b.is_view(i):
+                    view = b.slot(i)
                     view.zero_()
                     p.grad = view
 
     # -- during backward ------------------------------------------------------------------
-    def _hook(self, bucket: _Bucket, i: int):
+    def _hook(self, entries: list[tuple[_Bucket, int]]):
         def hook(_: torch.Tensor) -> None:
             if not self.enabled:
                 return
             if not self._in_backward:
                 self._start_backward()
-            if not bucket.ready[i]:
-                bucket.ready[i] = True
-                bucket.pending -= 1
-                self._pending -= 1
-                if bucket.pending == 0:
-                    launched = self._launch_ready()
-                    if self._pending > 0:
-                        self.stats.last_step_overlapped += launched
+            complete = False
+            for bucket, i in entries:
+                if not bucket.ready[i]:
+                    bucket.ready[i] = True
+                    bucket.pending -= 1
+                    self._pending -= 1
+                    complete |= bucket.pending == 0
+            if complete:
+                launched = self._launch_ready()
+                if self._pending > 0:
+                    self.stats.last_step_overlapped += launched
 
         return hook
 
@@ -222,12 +236,14 @@ class HolderReducer:
     def _launch(self, b: _Bucket) -> None:
         b.ensure_buffer()
         for i, p in enumerate(b.params):
-            view = b.view(i)
+            slot = b.slot(i)
             g = p.grad
             if g is None:  # unused in this forward: contributes zero
-                view.zero_()
-            elif g.data_ptr() != view.data_ptr():
-                view.copy_(g)
+                slot.zero_()
+            elif not b.is_view(i):
+                slot.copy_(b.locs[i].view(g))
+            elif g.data_ptr() != slot.data_ptr():
+                slot.copy_(g)
         b.work = dist.all_reduce(b.buffer, group=b.group, async_op=True)
         c = len(b.spec.holders)
         st = self.stats
@@ -248,7 +264,12 @@ class HolderReducer:
             b.work = None
             b.buffer.div_(len(b.spec.holders))
             for i, p in enumerate(b.params):
-                p.grad = b.view(i)
+                if b.is_view(i):
+                    p.grad = b.slot(i)
+                    continue
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                b.locs[i].view(p.grad).copy_(b.slot(i))
         self._in_backward = False
 
     def remove_hooks(self) -> None:

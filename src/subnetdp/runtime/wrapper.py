@@ -10,15 +10,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from subnetdp.plan import Plan, PlanError, Unit
-from subnetdp.runtime.assemble import gather_full_state_dict, sync_buffers
+from subnetdp.plan import Plan, PlanError
+from subnetdp.runtime.assemble import (
+    broadcast_from_owners,
+    gather_full_state_dict,
+    owns,
+    shard,
+    sync_buffers,
+)
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.reducer import CommStats, HolderReducer
 from subnetdp.subnet.adapter import UnitAdapter
-from subnetdp.subnet.build import drop_units, is_on_meta, materialize, param_layout
-from subnetdp.subnet.units import describe_units, unit_index
+from subnetdp.subnet.build import drop_units, is_on_meta, materialize, narrow_tensors
+from subnetdp.subnet.neurons import NeuronGroup, plan_groups, unit_size
+from subnetdp.subnet.pieces import full_pieces, local_pieces, local_slices, reduction_order
+from subnetdp.subnet.units import describe_units
 
-STRATEGIES = ("b-sdp",)
+STRATEGIES = ("b-sdp", "n-sdp")
+OUTPUT_SCALINGS = ("none", "keep")
 
 
 class SubnetDataParallel(nn.Module):
@@ -49,6 +58,7 @@ class SubnetDataParallel(nn.Module):
         device: torch.device | str | None = None,
         init_seed: int = 0,
         bucket_cap_mb: float = 25.0,
+        output_scaling: str = "none",
     ) -> None:
         super().__init__()
         if strategy not in STRATEGIES:
@@ -56,39 +66,51 @@ class SubnetDataParallel(nn.Module):
                 f"strategy {strategy!r} is not available in SubnetDataParallel; "
                 f"choose one of {STRATEGIES} (use torch DDP for 'ddp')"
             )
+        if output_scaling not in OUTPUT_SCALINGS:
+            raise ValueError(f"output_scaling must be one of {OUTPUT_SCALINGS}, got "
+                             f"{output_scaling!r}")
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before wrapping")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         plan.validate(self.world)
-        units, _ = describe_units(module, adapter)
-        _check_plan_matches(plan, units, type(module).__name__)
         self.plan, self.adapter, self.strategy = plan, adapter, strategy
-        self.layout = param_layout(module, adapter)
-        self.unit_names = [u.name for u in units]
+        neuron_groups = _match_plan(plan, module, adapter, strategy)
+        self.unit_names = [u.name for u in plan.units]
+        # The full model's state cut along unit boundaries, and where this rank's pieces live.
+        self.pieces = full_pieces(module, self.unit_names, neuron_groups)
         self.full_state_keys = list(module.state_dict().keys())
         self.held_units = plan.held_units(self.rank)
+        self.local = local_pieces(self.pieces, self.held_units)
+        slices = local_slices(self.pieces, self.held_units)
 
-        drop_units(module, adapter, self.held_units)
+        if strategy == "b-sdp":
+            drop_units(module, adapter, self.held_units)
         if device is None:
             device = _default_device()
         if is_on_meta(module):
-            materialize(module, adapter, device=device, seed=init_seed)
+            materialize(module, adapter, device=device, seed=init_seed, slices=slices)
             needs_broadcast = False
         else:
+            narrow_tensors(module, slices)
             module.to(device)
             needs_broadcast = True
         self.module = module
+        if set(module.state_dict()) != set(self.local):
+            raise RuntimeError("internal: the local model's state keys do not match its pieces")
 
         everyone = tuple(range(self.world))
         self.groups = HolderGroups([*plan.holder_sets(), everyone], world=self.world)
         if needs_broadcast:
-            self._broadcast_from_owners()
-        # Each parameter's owner: lowest-ranked holder of its unit, rank 0 for shared ones.
-        owner = {i.name: 0 if i.unit is None else plan.owner(i.unit) for i in self.layout}
-        self._owned_params = [p for n, p in module.named_parameters() if owner[n] == self.rank]
+            broadcast_from_owners(module.state_dict(), self.local, plan, self.groups,
+                                  rank=self.rank)
+        self._scaling_hooks = (
+            _scale_kept_outputs(module, neuron_groups, self.held_units)
+            if output_scaling == "keep" and neuron_groups else []
+        )
         self.reducer = HolderReducer(
             dict(module.named_parameters()),
-            self.layout,
+            self.local,
+            reduction_order(self.pieces),
             plan,
             rank=self.rank,
             groups=self.groups,
@@ -129,7 +151,14 @@ class SubnetDataParallel(nn.Module):
         counted once, by its owner (rank 0 for shared ones), and one scalar all-reduce over the
         world gives every rank the same norm and the same clip factor.
         """
-        grads = [p.grad for p in self._owned_params if p.grad is not None]
+        params = dict(self.module.named_parameters())
+        grads = [
+            lp.view(g)
+            for key, p in params.items()
+            if (g := p.grad) is not None
+            for lp in self.local[key]
+            if owns(lp.piece, self.plan, self.rank)
+        ]
         device = next(self.module.parameters()).device
         sq = torch.zeros((), dtype=torch.float32, device=device)
         if grads:
@@ -145,14 +174,14 @@ class SubnetDataParallel(nn.Module):
 
     def sync_buffers(self) -> None:
         """Average BatchNorm-style running statistics over holders (before eval/checkpoint)."""
-        sync_buffers(self.module, self.plan, self.unit_names, self.groups, rank=self.rank)
+        buffers = {k: b for k, b in self.module.named_buffers() if k in self.local}
+        sync_buffers(buffers, self.local, self.plan, self.groups, rank=self.rank)
 
     def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
         """The full model's state dict on rank ``dst``, each unit from its owner. Collective."""
         self.sync_buffers()
-        return gather_full_state_dict(
-            self.module, self.plan, self.unit_names, self.full_state_keys, rank=self.rank, dst=dst
-        )
+        return gather_full_state_dict(self.shard_state(), self.pieces, self.full_state_keys,
+                                      world=self.world, rank=self.rank, dst=dst)
 
     # -- shards (checkpoints) --------------------------------------------------------------
     def shard_state(
@@ -169,13 +198,7 @@ class SubnetDataParallel(nn.Module):
         exactly once. Values are contiguous CPU copies.
         """
         src = dict(self.module.state_dict()) if tensors is None else dict(tensors)
-        out = {}
-        for key, value in src.items():
-            u = unit_index(key, self.unit_names)
-            if owned_only and (self.rank != 0 if u is None else self.plan.owner(u) != self.rank):
-                continue
-            out[key] = value.detach().to("cpu", copy=True).contiguous()
-        return out
+        return shard(src, self.local, self.plan, rank=self.rank, owned_only=owned_only)
 
     @torch.no_grad()
     def load_shard_state(
@@ -187,28 +210,14 @@ class SubnetDataParallel(nn.Module):
         written by ``shard_state``). ``into`` maps local state keys to the tensors to fill
         (default: the module's own state). Raises ``KeyError`` naming the missing pieces."""
         dst = dict(self.module.state_dict()) if into is None else dict(into)
-        missing = [k for k in dst if k not in entries]
+        missing = [lp.piece.name for k in dst for lp in self.local[k]
+                   if lp.piece.name not in entries]
         if missing:
             raise KeyError(f"the shards lack {len(missing)} pieces this rank holds, e.g. "
                            f"{missing[:3]}; the checkpoint is incomplete or from another plan")
         for key, t in dst.items():
-            t.copy_(entries[key])
-
-    # -- internals ------------------------------------------------------------------------
-    def _broadcast_from_owners(self) -> None:
-        """Make holder copies identical for a model materialised independently per rank."""
-        per_unit: dict[int | None, list[torch.Tensor]] = {}
-        for name, t in [*self.module.named_parameters(), *self.module.named_buffers()]:
-            per_unit.setdefault(unit_index(name, self.unit_names), []).append(t)
-        with torch.no_grad():
-            for u in [None, *range(self.plan.num_units)]:
-                holders = tuple(range(self.world)) if u is None else self.plan.holders(u)
-                if self.rank not in holders or len(holders) < 2:
-                    continue
-                src = 0 if u is None else self.plan.owner(u)
-                for t in per_unit.get(u, []):
-                    dist.broadcast(t, src=src, group=self.groups.group(tuple(holders)))
-
+            for lp in self.local[key]:
+                lp.view(t).copy_(entries[lp.piece.name])
 
 def _default_device() -> torch.device:
     if torch.cuda.is_available():
@@ -216,16 +225,54 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _check_plan_matches(plan: Plan, units: list[Unit], model_name: str) -> None:
-    if len(units) != plan.num_units:
-        raise PlanError(
-            f"the plan has {plan.num_units} units but {model_name} declares "
-            f"{len(units)}; build the plan from this model (make_plan(units=describe_units(...)))"
-        )
-    sizes = [u.size for u in units]
+def _match_plan(
+    plan: Plan, module: nn.Module, adapter: UnitAdapter, strategy: str
+) -> list[NeuronGroup] | None:
+    """Check that the plan was made for this model and strategy; for n-sdp, return the neuron
+    groups its units name (in plan order)."""
+    name = type(module).__name__
+    groups: list[NeuronGroup] | None = None
+    if strategy == "n-sdp":
+        groups = plan_groups(module, adapter, [u.name for u in plan.units])
+        sizes = [unit_size(module, g) for g in groups]
+    else:
+        units, _ = describe_units(module, adapter)
+        if len(units) != plan.num_units:
+            raise PlanError(
+                f"the plan has {plan.num_units} units but {name} declares {len(units)}; build "
+                "the plan from this model (make_plan(units=describe_units(...)))"
+            )
+        sizes = [u.size for u in units]
     plan_sizes = [u.size for u in plan.units]
     if plan_sizes != sizes and any(s != 1 for s in plan_sizes):
         raise PlanError(
             "the plan's unit sizes do not match the model's parameter counts; "
             "rebuild the plan from this model"
         )
+    return groups
+
+
+def _scale_kept_outputs(
+    module: nn.Module, groups: list[NeuronGroup], held: list[int]
+) -> list[Any]:
+    """Output scaling (method.md §4): while training, the hidden activation of each narrowed
+    pair is multiplied by 1/keep-rate (held slots / all slots) on its way into the ``down``
+    module, like inverted dropout, so the expected input of ``down`` matches the full model
+    that evaluation uses. Implemented as a pre-hook so model code stays unaware."""
+    kept: dict[str, int] = {}
+    pairs = {}
+    for u in held:
+        g = groups[u]
+        pairs[g.pair.name] = g.pair
+        kept[g.pair.name] = kept.get(g.pair.name, 0) + g.slot_stop - g.slot_start
+    hooks = []
+    for name, pair in pairs.items():
+        scale = pair.slots / kept[name]
+        if scale == 1.0:
+            continue
+
+        def pre_hook(mod: nn.Module, args: tuple[Any, ...], s: float = scale) -> Any:
+            return (args[0] * s, *args[1:]) if mod.training else None
+
+        hooks.append(module.get_submodule(pair.down).register_forward_pre_hook(pre_hook))
+    return hooks

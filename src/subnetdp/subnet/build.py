@@ -7,7 +7,7 @@ allocated) or already materialised (then non-held units are simply dropped and f
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +56,25 @@ def _name_seed(seed: int, name: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)
 
 
+def _owns_tensors(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters(recurse=False)) or any(
+        True for _ in module.buffers(recurse=False)
+    )
+
+
+def _init_one(name: str, module: nn.Module, adapter: UnitAdapter, seed: int) -> None:
+    torch.manual_seed(_name_seed(seed, name))
+    if adapter.init_module is not None:
+        adapter.init_module(name, module)
+    elif callable(reset := getattr(module, "reset_parameters", None)):
+        reset()
+    else:
+        raise ValueError(
+            f"module {name!r} ({type(module).__name__}) owns parameters but has no "
+            "reset_parameters(); give the adapter an init_module function"
+        )
+
+
 def init_module_tree(model: nn.Module, adapter: UnitAdapter, *, seed: int) -> None:
     """Initialise every module that directly owns parameters or buffers, each from an RNG
     seeded by its qualified name, so that any worker holding a module gets the same values
@@ -64,35 +83,63 @@ def init_module_tree(model: nn.Module, adapter: UnitAdapter, *, seed: int) -> No
     fork_devices = [device] if device.type == "cuda" else []
     with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
         for name, module in model.named_modules():
-            owns = any(True for _ in module.parameters(recurse=False)) or any(
-                True for _ in module.buffers(recurse=False)
-            )
-            if not owns:
+            if _owns_tensors(module):
+                _init_one(name, module, adapter, seed)
+
+
+def _set_tensor(module: nn.Module, attr: str, new: torch.Tensor) -> None:
+    old = module._parameters.get(attr)
+    if old is not None:
+        module._parameters[attr] = nn.Parameter(new, requires_grad=old.requires_grad)
+    else:
+        module._buffers[attr] = new
+
+
+def narrow_tensors(model: nn.Module, slices: Mapping[str, tuple[int, torch.Tensor]]) -> None:
+    """Replace each sliced entry by its local part: ``index_select`` of the full tensor along
+    ``dim`` (n-sdp's physically narrower layers). On the meta device only shapes change."""
+    with torch.no_grad():
+        for key, (dim, index) in slices.items():
+            mod_name, _, attr = key.rpartition(".")
+            module = model.get_submodule(mod_name)
+            old = getattr(module, attr)
+            _set_tensor(module, attr, old.detach().index_select(dim, index.to(old.device)))
+
+
+def materialize(
+    model: nn.Module,
+    adapter: UnitAdapter,
+    *,
+    device: torch.device | str,
+    seed: int,
+    slices: Mapping[str, tuple[int, torch.Tensor]] | None = None,
+) -> nn.Module:
+    """Allocate a meta-device model on ``device`` and initialise it deterministically.
+
+    Module by module: allocate, initialise at full size from the name seed, then cut the
+    entries in ``slices`` down to this rank's part. So a narrowed layer holds exactly the
+    full model's values at its indices, and at most one full-size module exists at a time.
+    """
+    device = torch.device(device)
+    fork_devices = [device] if device.type == "cuda" else []
+    slices = slices or {}
+    with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
+        for name, module in model.named_modules():
+            if not _owns_tensors(module):
                 continue
-            torch.manual_seed(_name_seed(seed, name))
-            if adapter.init_module is not None:
-                adapter.init_module(name, module)
-            elif hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-            else:
-                raise ValueError(
-                    f"module {name!r} ({type(module).__name__}) owns parameters but has no "
-                    "reset_parameters(); give the adapter an init_module function"
-                )
+            module.to_empty(device=device, recurse=False)
+            _init_one(name, module, adapter, seed)
+            prefix = f"{name}." if name else ""
+            mine = {k[len(prefix):]: v for k, v in slices.items()
+                    if k.startswith(prefix) and "." not in k[len(prefix):]}
+            if mine:
+                narrow_tensors(module, mine)
+    return model
 
 
 def is_on_meta(model: nn.Module) -> bool:
     tensors = [*model.parameters(), *model.buffers()]
     return bool(tensors) and all(t.is_meta for t in tensors)
-
-
-def materialize(
-    model: nn.Module, adapter: UnitAdapter, *, device: torch.device | str, seed: int
-) -> nn.Module:
-    """Allocate a meta-device model on ``device`` and initialise it deterministically."""
-    model.to_empty(device=device)
-    init_module_tree(model, adapter, seed=seed)
-    return model
 
 
 def build_full_model(

@@ -14,9 +14,10 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from subnetdp.models import Recipe
-from subnetdp.plan import Plan, make_plan
+from subnetdp.plan import Plan, make_layered_plan, make_plan
 from subnetdp.runtime import SubnetDataParallel
 from subnetdp.subnet.build import build_full_model
+from subnetdp.subnet.neurons import describe_neuron_units
 from subnetdp.subnet.units import describe_units
 from subnetdp.train.config import TrainConfig
 
@@ -42,11 +43,19 @@ class DDPCommCounter:
 
 def build_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -> Plan:
     """The run's plan: from --plan-file, or from the scheme; DDP is the everyone-holds-all plan."""
-    units, shared = describe_units(model, recipe.adapter)
     if cfg.plan_file:
         plan = Plan.from_json(Path(cfg.plan_file).read_text())
         plan.validate(world)
         return plan
+    if cfg.strategy == "n-sdp":
+        kinds = cfg.neuron_kinds.split(",") if cfg.neuron_kinds else None
+        nunits, nshared, layers = describe_neuron_units(
+            model, recipe.adapter, groups=cfg.neuron_groups or world, kinds=kinds
+        )
+        return make_layered_plan(world=world, units=nunits, layers=layers,
+                                 coverage=cfg.coverage, scheme=cfg.scheme, seed=cfg.seed,
+                                 shared_size=nshared, rotate=cfg.rotate)
+    units, shared = describe_units(model, recipe.adapter)
     coverage = 1.0 if cfg.strategy == "ddp" else cfg.coverage
     return make_plan(world=world, units=units, coverage=coverage, scheme=cfg.scheme,
                      seed=cfg.seed, shared_size=shared)
@@ -70,7 +79,8 @@ def wrap_model(
             ddp.register_comm_hook(None, counter.make_hook())
         return ddp, counter
     sdp = SubnetDataParallel(model, plan=plan, adapter=recipe.adapter, strategy=cfg.strategy,
-                             device=device, init_seed=cfg.seed, bucket_cap_mb=cfg.bucket_cap_mb)
+                             device=device, init_seed=cfg.seed, bucket_cap_mb=cfg.bucket_cap_mb,
+                             output_scaling=cfg.output_scaling)
     return sdp, None
 
 

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("ddp", "b-sdp")
+STRATEGIES = ("ddp", "b-sdp", "n-sdp")
 
 
 @dataclass
@@ -16,6 +16,13 @@ class TrainConfig:
     coverage: float = 0.5
     scheme: str = "spread"
     plan_file: str | None = None  # a plan JSON (e.g. from `subnetdp plan --json`) instead
+    # n-sdp: groups per layer pair (None = world size), which pair kinds to split (None = all
+    # the model declares, e.g. "ffn,heads"), rotate the spread window by layer, and output
+    # scaling of kept hidden units ("none" or "keep" = 1/keep-rate while training).
+    neuron_groups: int | None = None
+    neuron_kinds: str | None = None
+    rotate: bool = False
+    output_scaling: str = "none"
     seed: int = 0
     steps: int = 300
     nproc: int = 1
@@ -61,6 +68,10 @@ class TrainConfig:
 
         if self.strategy not in STRATEGIES:
             bad(f"--strategy {self.strategy!r} is not available; choose one of {STRATEGIES}")
+        if self.neuron_groups is not None and self.neuron_groups < 1:
+            bad(f"--neuron-groups must be >= 1, got {self.neuron_groups}")
+        if self.output_scaling not in ("none", "keep"):
+            bad(f"--output-scaling must be none or keep, got {self.output_scaling!r}")
         if not 0.0 < self.coverage <= 1.0:
             bad(f"--coverage must be in (0, 1], got {self.coverage}")
         if self.steps < 1:
