@@ -20,45 +20,31 @@ from subnetdp.runtime import SubnetDataParallel
 from subnetdp.subnet.build import build_full_model
 from subnetdp.subnet.neurons import describe_neuron_units
 from tests.dist.harness import run_workers
+from tests.dist.neuron_ref import (
+    SMALL,
+    element_holders,
+    hidden_masks,
+    lm_loss,
+    piece_of,
+    small_batch,
+    small_llama,
+    small_plan,
+)
 
 pytestmark = pytest.mark.dist
 STEPS = 3
 LR = 0.1
-SMALL = {"dim": 32, "n_layers": 2, "n_heads": 4, "vocab_size": 64, "ffn_hidden": 48,
-         "max_seq_len": 16}
-
-
-def _llama(**cfg):
-    with torch.device("meta"):
-        return get_recipe("llama-tiny").build_model(**(SMALL | cfg))
-
-
-def _plan(world: int, coverage: float, *, groups: int, kinds=None, rotate=False, **cfg):
-    units, shared, layers = describe_neuron_units(
-        _llama(**cfg), get_recipe("llama-tiny").adapter, groups=groups, kinds=kinds
-    )
-    return make_layered_plan(world=world, units=units, layers=layers, coverage=coverage,
-                             shared_size=shared, rotate=rotate)
-
-
-def _batch(rank: int, step: int):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randint(0, SMALL["vocab_size"], (3, 9), generator=g)
-    return x[:, :-1], x[:, 1:]
-
-
-def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+LLAMA = get_recipe("llama-tiny")
 
 
 def _train_sdp(rank: int, world: int, plan, cfg: dict, scaling: str) -> dict:
-    sdp = SubnetDataParallel(_llama(**cfg), plan=plan, adapter=get_recipe("llama-tiny").adapter,
+    sdp = SubnetDataParallel(small_llama(**cfg), plan=plan, adapter=LLAMA.adapter,
                              strategy="n-sdp", device="cpu", init_seed=3, output_scaling=scaling)
     opt = torch.optim.SGD(sdp.parameters(), lr=LR, momentum=0.9)
     losses, nbytes = [], []
     for step in range(STEPS):
-        x, y = _batch(rank, step)
-        loss = _loss(sdp(x), y)
+        x, y = small_batch(rank, step)
+        loss = lm_loss(sdp(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -76,53 +62,8 @@ def _train_sdp(rank: int, world: int, plan, cfg: dict, scaling: str) -> dict:
 
 
 # -- the independent reference ----------------------------------------------------------------
-def _hidden_masks(plan, model: nn.Module, worker: int, scaling: str) -> dict[str, torch.Tensor]:
-    """Per pair's ``down`` module: a 0/1 (or 0/scale) mask over its input features."""
-    pairs = {p.name: p for p in get_recipe("llama-tiny").adapter.neuron_pairs(model)}
-    groups: dict[str, list[int]] = {}
-    for u, unit in enumerate(plan.units):
-        name, g = unit.name[:-1].split("[")
-        groups.setdefault(name, []).append(u)
-    masks = {}
-    for name, units in groups.items():
-        pair = pairs[name]
-        down = model.get_submodule(pair.down)
-        width = down.weight.shape[1]
-        per_slot = width // pair.slots
-        m = torch.zeros(width)
-        n = len(units)
-        for g, u in enumerate(units):
-            if plan.holds(worker, u):
-                a, b = g * pair.slots // n * per_slot, (g + 1) * pair.slots // n * per_slot
-                m[a:b] = 1.0
-        if scaling == "keep":
-            m *= width / m.sum()
-        masks[pair.down] = m
-    return masks
-
-
-def _element_holders(plan, model: nn.Module, worker: int) -> dict[str, torch.Tensor]:
-    """1 where ``worker`` holds a parameter element (shared ones: everywhere)."""
-    held = {n: torch.ones_like(p) for n, p in model.named_parameters()}
-    ones = _hidden_masks(plan, model, worker, "none")
-    pairs = get_recipe("llama-tiny").adapter.neuron_pairs(model)
-    for pair in pairs:
-        if pair.down not in ones:
-            continue
-        m = ones[pair.down]
-        for key, dim in pair.tensors:
-            size = held[key].shape[dim]
-            per = size // pair.slots
-            slot_mask = m.view(pair.slots, -1)[:, 0]  # 1 per held slot
-            entries = slot_mask.repeat_interleave(per)
-            shape = [1] * held[key].ndim
-            shape[dim] = size
-            held[key] = held[key] * entries.view(shape)
-    return held
-
-
 def _reference(plan, cfg: dict, scaling: str) -> dict[str, torch.Tensor]:
-    full = build_full_model(_llama(**cfg), get_recipe("llama-tiny").adapter, seed=3)
+    full = build_full_model(small_llama(**cfg), get_recipe("llama-tiny").adapter, seed=3)
     opt = torch.optim.SGD(full.parameters(), lr=LR, momentum=0.9)
     for step in range(STEPS):
         sums = {n: torch.zeros_like(p) for n, p in full.named_parameters()}
@@ -132,15 +73,15 @@ def _reference(plan, cfg: dict, scaling: str) -> dict[str, torch.Tensor]:
                 full.get_submodule(name).register_forward_pre_hook(
                     lambda _m, args, mask=mask: (args[0] * mask,)
                 )
-                for name, mask in _hidden_masks(plan, full, w, scaling).items()
+                for name, mask in hidden_masks(plan, full, w, scaling).items()
             ]
             full.zero_grad(set_to_none=True)
-            x, y = _batch(w, step)
-            _loss(full(x), y).backward()
+            x, y = small_batch(w, step)
+            lm_loss(full(x), y).backward()
             for h in hooks:
                 h.remove()
             for n, p in full.named_parameters():
-                held = _element_holders(plan, full, w)[n]
+                held = element_holders(plan, full, w)[n]
                 sums[n] += p.grad * held
                 counts[n] += held
         for n, p in full.named_parameters():
@@ -148,15 +89,6 @@ def _reference(plan, cfg: dict, scaling: str) -> dict[str, torch.Tensor]:
             p.grad = sums[n] / counts[n]
         opt.step()
     return {k: v.detach().clone() for k, v in full.state_dict().items()}
-
-
-def _piece_of(full: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-    key, _, cut = name.partition("@")
-    if not cut:
-        return full[key]
-    dim, span = cut.split(":", 1)
-    a, b = (int(v) for v in span.split(":"))
-    return full[key].narrow(int(dim), a, b - a)
 
 
 CASES = {
@@ -171,7 +103,7 @@ CASES = {
 def test_four_process_nsdp_matches_masked_reference(case: str) -> None:
     cfg, kinds, rotate, scaling = CASES[case]
     groups = 4 if kinds is None else 2
-    plan = _plan(4, 0.5, groups=groups, kinds=kinds, rotate=rotate, **cfg)
+    plan = small_plan(4, 0.5, groups=groups, kinds=kinds, rotate=rotate, **cfg)
     results = run_workers(_train_sdp, 4, plan, cfg, scaling)
     ref = _reference(plan, cfg, scaling)
     # the assembled full model equals the reference (each piece taken from its owner)
@@ -184,7 +116,7 @@ def test_four_process_nsdp_matches_masked_reference(case: str) -> None:
         # every piece every rank holds (not only owned ones) equals the reference: holder
         # copies are identical and the index maps put each slice where it belongs
         for name, value in res["pieces"].items():
-            torch.testing.assert_close(value, _piece_of(ref, name), rtol=0, atol=1e-6)
+            torch.testing.assert_close(value, piece_of(ref, name), rtol=0, atol=1e-6)
         # physically narrower: wq keeps k of G groups of rows; costs equal the analytic ones
         wq = res["shapes"]["layers.0.attn.wq.weight"]
         assert wq[0] == SMALL["dim"] // 2 and wq[1] == SMALL["dim"]
@@ -196,12 +128,12 @@ def test_four_process_nsdp_matches_masked_reference(case: str) -> None:
 
 
 def _train_ddp(rank: int, world: int) -> dict[str, torch.Tensor]:
-    model = build_full_model(_llama(), get_recipe("llama-tiny").adapter, seed=3)
+    model = build_full_model(small_llama(), get_recipe("llama-tiny").adapter, seed=3)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
     for step in range(STEPS):
-        x, y = _batch(rank, step)
-        _loss(ddp(x), y).backward()
+        x, y = small_batch(rank, step)
+        lm_loss(ddp(x), y).backward()
         opt.step()
         opt.zero_grad()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -212,10 +144,10 @@ def _both(rank: int, world: int, plan) -> tuple[dict, dict]:
 
 
 def test_nsdp_everyone_holds_everything_equals_ddp() -> None:
-    plan = _plan(2, 1.0, groups=2)
+    plan = small_plan(2, 1.0, groups=2)
     for pieces, ddp_state in run_workers(_both, 2, plan):
         for name, value in pieces.items():
-            torch.testing.assert_close(value, _piece_of(ddp_state, name), rtol=0, atol=1e-6)
+            torch.testing.assert_close(value, piece_of(ddp_state, name), rtol=0, atol=1e-6)
 
 
 def _train_resnet(rank: int, world: int, plan) -> dict:

@@ -291,7 +291,19 @@ def test_worker_bytes_by_hand() -> None:
     assert w2.allreduce_payload == (10 + 100) * 2  # c has one holder: never communicated
     assert w2.allreduce_ring == round(4 / 3 * 220)
     assert w2.to_dict() == {"params": 230, "grads": 230, "optimizer": 230,
-                            "allreduce_payload": 220, "allreduce_ring": 293}
+                            "allreduce_payload": 220, "allreduce_ring": 293,
+                            "refresh_sent": 0, "refresh_received": 0}
+    # backward masking: the full model is stored; gradients and optimizer state only for what
+    # is held; owners send each unit to its non-holders (a: none; b: 0 -> 2; c: 2 -> 0, 1)
+    b0 = worker_bytes(p, 0, masking="backward")
+    assert b0.params == 135 * 4 and b0.grads == 520 and b0.optimizer == 1040
+    assert (b0.refresh_sent, b0.refresh_received) == (20 * 4, 5 * 4)
+    b1 = worker_bytes(p, 1, masking="backward")
+    assert (b1.refresh_sent, b1.refresh_received) == (0, 5 * 4)
+    b2 = worker_bytes(p, 2, masking="backward")
+    assert (b2.refresh_sent, b2.refresh_received) == (5 * 2 * 4, 20 * 4)
+    with pytest.raises(ValueError, match="masking"):
+        worker_bytes(p, 0, masking="sideways")
     solo = worker_bytes(make_plan(world=1, units=[Unit("a", 3)], coverage=1.0, shared_size=2), 0)
     assert solo.params == 20 and solo.allreduce_payload == 0 and solo.allreduce_ring == 0
     with pytest.raises(IndexError):

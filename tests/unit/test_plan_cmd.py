@@ -34,7 +34,8 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert 0 < rep["spectral_gap"] < 1 and rep["connected"] is True
     assert rep["model"] is None and rep["shared_size"] == 0 and rep["unit_sizes"] == [1] * 12
     assert rep["bytes_per_worker"][0] == {"params": 24, "grads": 24, "optimizer": 48,
-                                          "allreduce_payload": 24, "allreduce_ring": 36}
+                                          "allreduce_payload": 24, "allreduce_ring": 36,
+                                          "refresh_sent": 0, "refresh_received": 0}
 
 
 def test_random_scheme_and_save(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -42,9 +42,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--coverage", type=float, help="fraction of units each worker holds, in (0, 1]")
     p.add_argument("--scheme", choices=["spread", "random"], help="default: spread")
     p.add_argument("--seed", type=int, default=0, help="seed of the random scheme (default 0)")
-    p.add_argument("--strategy", choices=["b-sdp", "n-sdp"], default="b-sdp",
-                   help="units are blocks (b-sdp) or neuron groups of every layer pair (n-sdp; "
-                        "needs --model)")
+    p.add_argument("--strategy", choices=["b-sdp", "n-sdp", "bb-sdp", "nb-sdp"],
+                   default="b-sdp",
+                   help="units are blocks (b-sdp, bb-sdp) or neuron groups of every layer pair "
+                        "(n-sdp, nb-sdp; needs --model); bb/nb: backward masking bytes")
     p.add_argument("--neuron-groups", type=int, default=None,
                    help="n-sdp: groups per layer pair (default: --world)")
     p.add_argument("--neuron-kinds", default=None,
@@ -127,7 +128,7 @@ def _neuron_plan(args: argparse.Namespace) -> Plan:
 
 def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
     """The plan the arguments describe, and the model name if one was used."""
-    if getattr(args, "strategy", "b-sdp") == "n-sdp":
+    if getattr(args, "strategy", "b-sdp") in ("n-sdp", "nb-sdp"):
         return _neuron_plan(args), args.model
     units: int | list[Unit] | None = args.units
     shared = args.shared_size
@@ -168,7 +169,10 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
     return plan, args.model
 
 
-def report(plan: Plan, model: str | None, *, param_bytes: int, optimizer_states: int) -> dict:
+def report(
+    plan: Plan, model: str | None, *, param_bytes: int, optimizer_states: int,
+    masking: str = "forward",
+) -> dict:
     """Everything ``subnetdp plan`` prints, JSON-ready."""
     out = diagnostics(plan)
     if plan.coverage is not None:
@@ -184,7 +188,7 @@ def report(plan: Plan, model: str | None, *, param_bytes: int, optimizer_states:
     out["unit_sizes"] = plan.unit_sizes
     out["bytes_per_worker"] = [
         worker_bytes(
-            plan, i, param_bytes=param_bytes, optimizer_states=optimizer_states
+            plan, i, param_bytes=param_bytes, optimizer_states=optimizer_states, masking=masking
         ).to_dict()
         for i in range(plan.world)
     ]
@@ -239,8 +243,8 @@ def run(args: argparse.Namespace) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"subnetdp plan: error: {msg}", file=sys.stderr)
         return 2
-    rep = report(
-        plan, model, param_bytes=args.param_bytes, optimizer_states=args.optimizer_states
-    )
+    masking = "backward" if args.strategy in ("bb-sdp", "nb-sdp") else "forward"
+    rep = report(plan, model, param_bytes=args.param_bytes,
+                 optimizer_states=args.optimizer_states, masking=masking)
     print(json.dumps(rep) if args.json else format_table(rep))
     return 0

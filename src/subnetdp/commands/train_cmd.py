@@ -31,6 +31,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="n-sdp: rotate each layer's spread window by the layer index")
     p.add_argument("--output-scaling", default=d.output_scaling, choices=("none", "keep"),
                    help="n-sdp: scale kept hidden units by 1/keep-rate while training")
+    p.add_argument("--refresh-every", type=int, default=d.refresh_every, metavar="K",
+                   help="bb-sdp/nb-sdp: refresh non-held units from their owners every K "
+                        "steps (1 = exact)")
     p.add_argument("--plan-file", default=None, help="a plan JSON instead of --coverage/--scheme")
     p.add_argument("--nproc", type=int, default=4,
                    help="local worker processes (ignored under torchrun, which sets the world)")

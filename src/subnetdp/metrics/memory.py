@@ -77,21 +77,52 @@ class MemoryReport:
         return out
 
 
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def make_tracker() -> Any:
+    """A ``MemTracker`` that also works on models with frozen parameters.
+
+    MemTracker installs a gradient hook on every parameter it meets, which raises for a
+    parameter with ``requires_grad=False`` (backward masking freezes the units a worker does
+    not hold). Frozen parameters never get a gradient, so they are given a no-op handle
+    instead; everything else is MemTracker's own accounting.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class _Tracker(MemTracker):  # type: ignore[misc]
+        def _track_module_params_and_buffers(
+            self, module: nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            for p in module.parameters():
+                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    return _Tracker()
+
+
 def measure_step_memory(
     fn: Callable[[], T],
     *,
     modules: Sequence[nn.Module] = (),
     optimizers: Sequence[Optimizer] = (),
+    grad_tensors: Sequence[torch.Tensor] = (),
 ) -> tuple[T, MemoryReport]:
     """Run ``fn()`` (one full training step) and return its result with its memory report.
 
     Pass the model(s) and optimizer(s) so that tensors that already exist (parameters, optimizer
     state, gradients kept from before) are counted in their category from the start; gradients
     and optimizer state created during the step are categorised by MemTracker's hooks.
+    ``grad_tensors`` are gradient storage that exists before the step but is attached to
+    parameters only during it (e.g. subnetdp's reducer buckets, whose views become ``.grad``),
+    counted as gradients from the start.
     Each call uses a fresh tracker, so repeated calls measure independently, and the tracker's
     hooks are removed on exit (the next step runs at full speed).
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mem_tracker import _MemRefType
 
     # Only touch CUDA when the program already uses it: initialising a CUDA context just to
     # read a zero would cost time and memory in CPU-only (gloo) workers on a GPU machine.
@@ -100,8 +131,10 @@ def measure_step_memory(
         # The allocator's peak is updated when ops are launched, so no synchronize is needed.
         torch.cuda.reset_peak_memory_stats()
 
-    tracker = MemTracker()
+    tracker = make_tracker()
     tracker.track_external(*modules, *optimizers)
+    for t in grad_tensors:
+        tracker._update_and_maybe_create_winfos(t, _MemRefType.GRAD)
     try:
         with tracker:
             result = fn()

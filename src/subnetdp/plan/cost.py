@@ -28,19 +28,32 @@ class WorkerBytes:
     optimizer: int
     allreduce_payload: int
     allreduce_ring: int
+    # backward masking: parameter bytes sent to / received from other workers by the refresh
+    refresh_sent: int = 0
+    refresh_received: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
 def worker_bytes(
-    plan: Plan, rank: int, *, param_bytes: int = 4, optimizer_states: int = 2
+    plan: Plan,
+    rank: int,
+    *,
+    param_bytes: int = 4,
+    optimizer_states: int = 2,
+    masking: str = "forward",
 ) -> WorkerBytes:
     """Bytes worker ``rank`` holds and communicates.
 
     ``optimizer_states`` is the number of per-parameter state tensors (AdamW: exp_avg and
-    exp_avg_sq = 2; SGD with momentum = 1), each ``param_bytes`` wide.
+    exp_avg_sq = 2; SGD with momentum = 1), each ``param_bytes`` wide. With
+    ``masking="backward"`` (bb-sdp, nb-sdp) the worker stores the full model's parameters, but
+    gradients and optimizer state only for what it holds, and the refresh moves each unit from
+    its owner to every non-holder once per step.
     """
+    if masking not in ("forward", "backward"):
+        raise ValueError(f"masking must be 'forward' or 'backward', got {masking!r}")
     if not 0 <= rank < plan.world:
         raise IndexError(f"rank {rank} is outside the plan's {plan.world} workers")
     held = plan.held_size(rank) * param_bytes
@@ -55,10 +68,20 @@ def worker_bytes(
     payload = sum(groups.values()) * param_bytes
     # Exact fractions, rounded once at the end, so summing per group never drifts.
     ring = sum((Fraction(2 * (c - 1), c) * n * param_bytes for c, n in groups.items()), Fraction())
+    sent = received = 0
+    if masking == "backward":
+        for u, unit in enumerate(plan.units):
+            non_holders = plan.world - len(plan.holders(u))
+            if plan.owner(u) == rank:
+                sent += unit.size * non_holders * param_bytes
+            if not plan.holds(rank, u):
+                received += unit.size * param_bytes
     return WorkerBytes(
-        params=held,
+        params=plan.total_size * param_bytes if masking == "backward" else held,
         grads=held,
         optimizer=optimizer_states * held,
         allreduce_payload=payload,
         allreduce_ring=round(ring),
+        refresh_sent=sent,
+        refresh_received=received,
     )

@@ -115,7 +115,7 @@ class _Bucket:
     def is_view(self, i: int) -> bool:
         """Whole parameters live in the buffer (``.grad`` is a view of it); slices of a
         narrowed parameter cannot, they are copied in at launch and out at the end."""
-        return self.spec.pieces[i].dim is None
+        return self.locs[i].is_whole
 
 
 @dataclass
@@ -129,6 +129,10 @@ class CommStats:
     last_step_overlapped: int = 0
     total_bytes: int = 0
     by_group: dict[tuple[int, ...], int] = field(default_factory=dict)
+    reductions: int = 0  # backward passes whose gradients were averaged (not under no_sync)
+    # backward masking: parameter values sent from owners to non-holders (see runtime.refresh)
+    last_refresh_bytes: int = 0
+    total_refresh_bytes: int = 0
 
 
 class HolderReducer:
@@ -144,35 +148,40 @@ class HolderReducer:
         rank: int,
         groups: HolderGroups,
         bucket_cap_bytes: int = 25 * 2**20,
+        external: Sequence[nn.Parameter] = (),
     ) -> None:
-        """``params``: this rank's parameters by full-model name; ``local``: its index map
-        (``subnet.pieces.local_pieces``); ``order``: the full model's parameter pieces in
-        reduction order, identical on every rank."""
+        """``params``: this rank's trainable tensors by local name; ``local``: where their
+        pieces sit (``subnet.pieces.local_pieces``), same keys; ``order``: the full model's
+        parameter pieces in reduction order, identical on every rank. Gradients of
+        ``external`` parameters are not produced by autograd but filled by their owner (the
+        wrapper), which then calls ``mark_ready``."""
         self.rank = rank
         self.stats = CommStats()
         self.buckets: list[_Bucket] = []
-        where = {lp.piece.name: lp for lps in local.values() for lp in lps}
+        where = {lp.piece.name: (key, lp) for key, lps in local.items() for lp in lps}
         for spec in global_buckets(order, plan, bucket_cap_bytes=bucket_cap_bytes):
             if rank not in spec.holders or len(spec.holders) < 2:
                 continue  # not ours, or held alone: nothing to average
             missing = [n for n in spec.names if n not in where]
             if missing:
                 raise RuntimeError(f"rank {rank} holds {spec.holders} but lacks {missing[:3]}")
-            locs = [where[n] for n in spec.names]
+            locs = [where[n][1] for n in spec.names]
             offsets = [0]
             for piece in spec.pieces[:-1]:
                 offsets.append(offsets[-1] + piece.numel)
-            ps = [params[lp.piece.key] for lp in locs]
+            ps = [params[where[n][0]] for n in spec.names]
             self.buckets.append(_Bucket(spec, ps, locs, groups.group(spec.holders), offsets))
         # A narrowed parameter has pieces in several buckets: its hook marks all of them.
         members: dict[int, tuple[nn.Parameter, list[tuple[_Bucket, int]]]] = {}
         for b in self.buckets:
             for i, p in enumerate(b.params):
                 members.setdefault(id(p), (p, []))[1].append((b, i))
+        external_ids = {id(p) for p in external}
+        self._ready = {pid: self._hook(entries) for pid, (_, entries) in members.items()}
         self._hooks = [
-            p.register_post_accumulate_grad_hook(self._hook(entries))
-            for p, entries in members.values()
-            if p.requires_grad
+            p.register_post_accumulate_grad_hook(self._ready[id(p)])
+            for p, _ in members.values()
+            if p.requires_grad and id(p) not in external_ids
         ]
         self.enabled = True  # False inside no_sync(): gradients just accumulate locally
         self._in_backward = False
@@ -192,6 +201,12 @@ class HolderReducer:
                     p.grad = view
 
     # -- during backward ------------------------------------------------------------------
+    def mark_ready(self, p: nn.Parameter) -> None:
+        """An external parameter's gradient is complete for this backward."""
+        fn = self._ready.get(id(p))
+        if fn is not None:
+            fn(p)
+
     def _hook(self, entries: list[tuple[_Bucket, int]]):
         def hook(_: torch.Tensor) -> None:
             if not self.enabled:
@@ -271,6 +286,7 @@ class HolderReducer:
                     p.grad = torch.zeros_like(p)
                 b.locs[i].view(p.grad).copy_(b.slot(i))
         self._in_backward = False
+        self.stats.reductions += 1
 
     def remove_hooks(self) -> None:
         for h in self._hooks:

@@ -19,14 +19,18 @@ from subnetdp.runtime.assemble import (
     sync_buffers,
 )
 from subnetdp.runtime.groups import HolderGroups
+from subnetdp.runtime.masking import backward_trainable, forward_trainable
 from subnetdp.runtime.reducer import CommStats, HolderReducer
+from subnetdp.runtime.refresh import Refresher
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.build import drop_units, is_on_meta, materialize, narrow_tensors
 from subnetdp.subnet.neurons import NeuronGroup, plan_groups, unit_size
 from subnetdp.subnet.pieces import full_pieces, local_pieces, local_slices, reduction_order
 from subnetdp.subnet.units import describe_units
 
-STRATEGIES = ("b-sdp", "n-sdp")
+STRATEGIES = ("b-sdp", "n-sdp", "bb-sdp", "nb-sdp")
+BACKWARD_MASKED = ("bb-sdp", "nb-sdp")  # full forward; gradients only for held units
+NEURON_LEVEL = ("n-sdp", "nb-sdp")
 OUTPUT_SCALINGS = ("none", "keep")
 
 
@@ -59,6 +63,7 @@ class SubnetDataParallel(nn.Module):
         init_seed: int = 0,
         bucket_cap_mb: float = 25.0,
         output_scaling: str = "none",
+        refresh_every: int = 1,
     ) -> None:
         super().__init__()
         if strategy not in STRATEGIES:
@@ -69,6 +74,10 @@ class SubnetDataParallel(nn.Module):
         if output_scaling not in OUTPUT_SCALINGS:
             raise ValueError(f"output_scaling must be one of {OUTPUT_SCALINGS}, got "
                              f"{output_scaling!r}")
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1 (1 = exact), got {refresh_every}")
+        if output_scaling != "none" and strategy != "n-sdp":
+            raise ValueError("output_scaling applies to n-sdp only (forward-masked neurons)")
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before wrapping")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -80,8 +89,11 @@ class SubnetDataParallel(nn.Module):
         self.pieces = full_pieces(module, self.unit_names, neuron_groups)
         self.full_state_keys = list(module.state_dict().keys())
         self.held_units = plan.held_units(self.rank)
-        self.local = local_pieces(self.pieces, self.held_units)
-        slices = local_slices(self.pieces, self.held_units)
+        self.backward_masked = strategy in BACKWARD_MASKED
+        # Forward masking keeps only held units locally; backward masking keeps the full model.
+        local_units = range(plan.num_units) if self.backward_masked else self.held_units
+        self.local = local_pieces(self.pieces, local_units)
+        slices = local_slices(self.pieces, local_units)
 
         if strategy == "b-sdp":
             drop_units(module, adapter, self.held_units)
@@ -107,18 +119,32 @@ class SubnetDataParallel(nn.Module):
             _scale_kept_outputs(module, neuron_groups, self.held_units)
             if output_scaling == "keep" and neuron_groups else []
         )
+        self.trainable = (
+            backward_trainable(module, self.local, set(self.held_units),
+                               lambda sp: self.reducer.mark_ready(sp))
+            if self.backward_masked else forward_trainable(module, self.local)
+        )
         self.reducer = HolderReducer(
-            dict(module.named_parameters()),
-            self.local,
+            self.trainable.params,
+            self.trainable.local,
             reduction_order(self.pieces),
             plan,
             rank=self.rank,
             groups=self.groups,
             bucket_cap_bytes=int(bucket_cap_mb * 2**20),
+            external=self.trainable.external,
         )
+        self.refresh_every = refresh_every
+        self.refresher = (
+            Refresher(dict(module.named_parameters()), self.local, plan, rank=self.rank)
+            if self.backward_masked else None
+        )
+        self._refreshed_through = 0  # reductions already followed by a refresh
 
     # -- the DDP surface ------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.refresher is not None:
+            self._maybe_refresh()
         if torch.is_grad_enabled() and self.reducer.enabled:
             self.reducer.attach_grad_views()
         return self.module(*args, **kwargs)
@@ -133,6 +159,17 @@ class SubnetDataParallel(nn.Module):
         finally:
             self.reducer.enabled = prev
 
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Parameter]]:
+        """What the optimizer should train: the local model's parameters, except that under
+        backward masking frozen (non-held) parameters are left out and partly held ones are
+        replaced by their held slices (``runtime.masking``)."""
+        del recurse, remove_duplicate
+        for name, p in self.trainable.params.items():
+            local = name in self.local  # a local state key, not a slice's piece name
+            yield (f"{prefix}{'module' if local else 'slices'}.{name}".lstrip("."), p)
+
     # -- what subnetdp adds ---------------------------------------------------------------
     @property
     def comm_stats(self) -> CommStats:
@@ -140,7 +177,43 @@ class SubnetDataParallel(nn.Module):
 
     @property
     def params_held(self) -> int:
+        """Parameter elements this rank stores (under backward masking: the full model)."""
         return sum(p.numel() for p in self.module.parameters())
+
+    @property
+    def params_trained(self) -> int:
+        """Parameter elements this rank trains (with gradients and optimizer state)."""
+        return sum(p.numel() for p in self.trainable.params.values())
+
+    def tracked_modules(self) -> list[nn.Module]:
+        """Modules whose parameters a memory tracker must count: the local model, and under
+        nb-sdp the held slice parameters (views whose gradients and optimizer state live
+        outside the model)."""
+        extra = [nn.ParameterList(self.trainable.external)] if self.trainable.external else []
+        return [self.module, *extra]
+
+    def grad_buffers(self) -> list[torch.Tensor]:
+        """The reducer's flat gradient buffers (parameters' ``.grad`` are views into them)."""
+        return [b.buffer for b in self.reducer.buckets if b.buffer is not None]
+
+    @torch.no_grad()
+    def refresh(self) -> int:
+        """Backward masking: send each unit's current values from its owner to the workers
+        that do not hold it (collective over the world). Runs by itself before the forward
+        that follows every ``refresh_every``-th reduced backward; call it to refresh now.
+        Returns the bytes this rank sent."""
+        if self.refresher is None:
+            return 0
+        sent = self.refresher.refresh()
+        self.reducer.stats.last_refresh_bytes = sent
+        self.reducer.stats.total_refresh_bytes += sent
+        self._refreshed_through = self.reducer.stats.reductions
+        return sent
+
+    def _maybe_refresh(self) -> None:
+        n = self.reducer.stats.reductions
+        if n > self._refreshed_through and n % self.refresh_every == 0:
+            self.refresh()
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -151,12 +224,11 @@ class SubnetDataParallel(nn.Module):
         counted once, by its owner (rank 0 for shared ones), and one scalar all-reduce over the
         world gives every rank the same norm and the same clip factor.
         """
-        params = dict(self.module.named_parameters())
         grads = [
             lp.view(g)
-            for key, p in params.items()
+            for key, p in self.trainable.params.items()
             if (g := p.grad) is not None
-            for lp in self.local[key]
+            for lp in self.trainable.local[key]
             if owns(lp.piece, self.plan, self.rank)
         ]
         device = next(self.module.parameters()).device
@@ -167,7 +239,7 @@ class SubnetDataParallel(nn.Module):
         dist.all_reduce(sq)
         total = sq.sqrt()
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        all_grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        all_grads = [p.grad for p in self.trainable.params.values() if p.grad is not None]
         if all_grads:
             torch._foreach_mul_(all_grads, coef.to(all_grads[0].dtype))
         return total
@@ -232,7 +304,7 @@ def _match_plan(
     groups its units name (in plan order)."""
     name = type(module).__name__
     groups: list[NeuronGroup] | None = None
-    if strategy == "n-sdp":
+    if strategy in NEURON_LEVEL:
         groups = plan_groups(module, adapter, [u.name for u in plan.units])
         sizes = [unit_size(module, g) for g in groups]
     else:

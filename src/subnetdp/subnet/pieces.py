@@ -104,14 +104,24 @@ def reduction_order(pieces: Sequence[Piece]) -> list[Piece]:
 
 @dataclass(frozen=True)
 class LocalPiece:
-    """Where a piece lives in this rank's tensor: at ``local_start`` along ``piece.dim``."""
+    """Where a piece lives in this rank's tensor: at ``local_start`` along ``piece.dim``, or
+    the whole local tensor when ``whole`` (a tensor that *is* the piece, e.g. the trainable
+    slice parameter of backward masking)."""
 
     piece: Piece
     local_start: int
+    whole: bool = False
+
+    @property
+    def is_whole(self) -> bool:
+        return self.whole or self.piece.dim is None
 
     def view(self, t: torch.Tensor) -> torch.Tensor:
         p = self.piece
-        return t if p.dim is None else t.narrow(p.dim, self.local_start, p.stop - p.start)
+        if self.is_whole:
+            return t
+        assert p.dim is not None
+        return t.narrow(p.dim, self.local_start, p.stop - p.start)
 
 
 def local_pieces(pieces: Sequence[Piece], held: Collection[int]) -> dict[str, list[LocalPiece]]:

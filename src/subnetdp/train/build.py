@@ -47,7 +47,7 @@ def build_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -
         plan = Plan.from_json(Path(cfg.plan_file).read_text())
         plan.validate(world)
         return plan
-    if cfg.strategy == "n-sdp":
+    if cfg.strategy in ("n-sdp", "nb-sdp"):
         kinds = cfg.neuron_kinds.split(",") if cfg.neuron_kinds else None
         nunits, nshared, layers = describe_neuron_units(
             model, recipe.adapter, groups=cfg.neuron_groups or world, kinds=kinds
@@ -80,7 +80,7 @@ def wrap_model(
         return ddp, counter
     sdp = SubnetDataParallel(model, plan=plan, adapter=recipe.adapter, strategy=cfg.strategy,
                              device=device, init_seed=cfg.seed, bucket_cap_mb=cfg.bucket_cap_mb,
-                             output_scaling=cfg.output_scaling)
+                             output_scaling=cfg.output_scaling, refresh_every=cfg.refresh_every)
     return sdp, None
 
 
@@ -90,8 +90,10 @@ def make_optimizer(
     """AdamW or SGD as the recipe says; no weight decay on vectors (norms, biases); linear
     warm-up then cosine decay to 10% of the peak."""
     assert cfg.lr is not None and cfg.weight_decay is not None and cfg.warmup is not None
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    # requires_grad: under backward masking, non-held parameters are frozen (no state at all).
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     opt: torch.optim.Optimizer

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("ddp", "b-sdp", "n-sdp")
+STRATEGIES = ("ddp", "b-sdp", "n-sdp", "bb-sdp", "nb-sdp")
 
 
 @dataclass
@@ -23,6 +23,8 @@ class TrainConfig:
     neuron_kinds: str | None = None
     rotate: bool = False
     output_scaling: str = "none"
+    # bb-sdp/nb-sdp: refresh non-held units from their owners every this many steps (1 = exact)
+    refresh_every: int = 1
     seed: int = 0
     steps: int = 300
     nproc: int = 1
@@ -72,6 +74,10 @@ class TrainConfig:
             bad(f"--neuron-groups must be >= 1, got {self.neuron_groups}")
         if self.output_scaling not in ("none", "keep"):
             bad(f"--output-scaling must be none or keep, got {self.output_scaling!r}")
+        if self.output_scaling != "none" and self.strategy != "n-sdp":
+            bad("--output-scaling applies to --strategy n-sdp only")
+        if self.refresh_every < 1:
+            bad(f"--refresh-every must be >= 1 (1 = exact), got {self.refresh_every}")
         if not 0.0 < self.coverage <= 1.0:
             bad(f"--coverage must be in (0, 1], got {self.coverage}")
         if self.steps < 1:

@@ -54,6 +54,14 @@ def _device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def _tracked(model: nn.Module) -> list[nn.Module]:
+    return model.tracked_modules() if isinstance(model, SubnetDataParallel) else [model]
+
+
+def _refresh_bytes(model: nn.Module) -> int:
+    return model.comm_stats.total_refresh_bytes if isinstance(model, SubnetDataParallel) else 0
+
+
 def _comm_bytes(model: nn.Module, counter: DDPCommCounter | None) -> int:
     if isinstance(model, SubnetDataParallel):
         return model.comm_stats.total_bytes
@@ -91,17 +99,21 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     losses: list[float] = []
     memory: dict[str, Any] = {}
     step_bytes: list[int] = []
+    refresh_bytes: list[int] = []  # backward masking: owners -> non-holders, before forward
     progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress, desc=cfg.strategy)
     with JsonlSink(rank_jsonl_path(out, rank)) as sink:
         for step in range(cfg.steps):
             x, y = next(batches)
             batch = (x.to(device), y.to(device))
             sent_before = _comm_bytes(model, counter)
+            refreshed_before = _refresh_bytes(model)
             t0 = time.perf_counter()
             if step == cfg.memory_step:
                 loss, report = measure_step_memory(
                     partial(train_step, model, opt, sched, task, batch, cfg.grad_clip or 0.0),
-                    modules=[model], optimizers=[opt],
+                    modules=_tracked(model), optimizers=[opt],
+                    grad_tensors=model.grad_buffers() if isinstance(model, SubnetDataParallel)
+                    else [],
                 )
                 memory = report.to_dict()
             else:
@@ -111,6 +123,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                 times.append(dt)
             sent = _comm_bytes(model, counter) - sent_before
             step_bytes.append(sent)
+            refresh_bytes.append(_refresh_bytes(model) - refreshed_before)
             losses.append(loss)
             if not math.isfinite(loss):
                 raise FloatingPointError(
@@ -119,16 +132,22 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                 )
             tps = task.items_per_batch / dt
             sink.log(step, {"loss": loss, "lr": sched.get_last_lr()[0], "time/step_s": dt,
-                            "throughput(tps)": tps, "comm/bytes_per_step": sent})
+                            "throughput(tps)": tps, "comm/bytes_per_step": sent,
+                            "comm/refresh_bytes_per_step": refresh_bytes[-1]})
             progress.update(step + 1, loss=loss, tps=tps * world)
     progress.close()
 
     evaluation = _evaluate(model, recipe, task, device, overrides, rank)
     median = statistics.median(times) if times else float("nan")
-    wb = worker_bytes(plan, rank)
+    sdp = model if isinstance(model, SubnetDataParallel) else None
+    masking = "backward" if sdp is not None and sdp.backward_masked else "forward"
+    wb = worker_bytes(plan, rank, masking=masking)
     stats = {
         "rank": rank,
-        "params_held": sum(p.numel() for p in model.parameters()),
+        "params_held": sdp.params_held if sdp else sum(p.numel() for p in model.parameters()),
+        "params_trained": sdp.params_trained if sdp else sum(p.numel() for p in model.parameters()),
+        # the first step has nothing to refresh yet; the median is the steady state
+        "refresh_bytes_per_step": statistics.median(refresh_bytes[1:] or refresh_bytes or [0]),
         "units_held": plan.held_units(rank),
         "peak_memory_bytes": memory.get("peak_bytes"),
         "memory": memory,

@@ -1,0 +1,90 @@
+"""What a rank trains: the parameters its optimizer sees and the reducer averages.
+
+Forward masking (b-sdp, n-sdp): the local model holds only held units, so it trains all of it.
+
+Backward masking (bb-sdp, nb-sdp, method.md §5): the local model is the *full* model, but only
+held units (and shared parameters) get gradients and optimizer state:
+- a parameter with no held piece is frozen (``requires_grad`` off): no gradient buffer, no
+  optimizer state, while activations still flow through it to earlier layers;
+- a fully held parameter trains as usual;
+- a partly held one (nb-sdp: some neuron groups of a layer) keeps ``requires_grad`` so that
+  autograd computes its gradient, but the optimizer sees one *slice parameter* per held piece
+  instead, a view of the full tensor (so updates write through). A post-accumulate-grad hook
+  moves the held slices of the full gradient into the slice parameters and frees the full
+  gradient at once, so at most one such full-size gradient exists at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from subnetdp.subnet.pieces import LocalPiece
+
+
+@dataclass
+class Trainable:
+    """Trainable tensors by name (local state key, or piece name for slices) and where their
+    pieces sit (same keys), plus the slice parameters whose gradients the hooks fill."""
+
+    params: dict[str, nn.Parameter]
+    local: dict[str, list[LocalPiece]]
+    external: list[nn.Parameter] = field(default_factory=list)
+    hooks: list[Any] = field(default_factory=list)
+
+
+def forward_trainable(
+    module: nn.Module, local: Mapping[str, Sequence[LocalPiece]]
+) -> Trainable:
+    params = dict(module.named_parameters())
+    return Trainable(params, {k: list(local[k]) for k in params})
+
+
+def backward_trainable(
+    module: nn.Module,
+    local: Mapping[str, Sequence[LocalPiece]],
+    held: set[int],
+    mark_ready: Callable[[nn.Parameter], None],
+) -> Trainable:
+    """Freeze what this rank does not hold and split partly held parameters (module doc)."""
+    out = Trainable({}, {})
+    for key, p in module.named_parameters():
+        pieces = list(local[key])
+        mine = [lp for lp in pieces if lp.piece.unit is None or lp.piece.unit in held]
+        if len(mine) == len(pieces):
+            out.params[key], out.local[key] = p, pieces
+        elif not mine:
+            p.requires_grad_(False)
+        else:
+            slices = []
+            for lp in mine:
+                sp = nn.Parameter(lp.view(p.detach()))
+                out.params[lp.piece.name] = sp
+                out.local[lp.piece.name] = [LocalPiece(lp.piece, 0, whole=True)]
+                out.external.append(sp)
+                slices.append((lp, sp))
+            out.hooks.append(p.register_post_accumulate_grad_hook(_extract(slices, mark_ready)))
+    return out
+
+
+def _extract(
+    slices: list[tuple[LocalPiece, nn.Parameter]], mark_ready: Callable[[nn.Parameter], None]
+) -> Callable[[torch.Tensor], None]:
+    def hook(p: torch.Tensor) -> None:
+        g = p.grad
+        assert g is not None
+        for lp, sp in slices:
+            part = lp.view(g)
+            if sp.grad is None:
+                sp.grad = part.clone(memory_format=torch.contiguous_format)
+            else:  # accumulation (no_sync) or the reducer's bucket view
+                sp.grad.add_(part)
+        p.grad = None  # the full-size gradient is never kept
+        for _, sp in slices:
+            mark_ready(sp)
+
+    return hook
