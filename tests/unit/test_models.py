@@ -289,6 +289,11 @@ def test_registry() -> None:
         "llama-1b",
         "resnet18-fmnist",
         "resnet18-cifar10",
+        "wrn18-fmnist",
+        "wrn18-cifar10",
+        "swin-t-fmnist",
+        "swin-t-cifar10",
+        "swin-t-cifar100",
     ]
     with pytest.raises(ValueError, match="llama-tiny"):
         get_recipe("gpt-2")

@@ -19,6 +19,7 @@ from subnetdp.data.batches import (
     shard_bounds,
     steps_per_epoch,
 )
+from subnetdp.data.cifar import CIFAR_MEAN, CIFAR_STD, load_cifar, read_cifar_batch
 from subnetdp.data.images import (
     FMNIST_CLASSES,
     FMNIST_MEAN,
@@ -39,6 +40,8 @@ from subnetdp.data.tokenizer import (
 from subnetdp.data.tokens import TextData, prepare_text, text_cache_entry
 
 __all__ = [
+    "CIFAR_MEAN",
+    "CIFAR_STD",
     "EOT",
     "FMNIST_CLASSES",
     "FMNIST_MEAN",
@@ -54,12 +57,14 @@ __all__ = [
     "lm_batch",
     "lm_batches",
     "lm_eval_batches",
+    "load_cifar",
     "load_documents",
     "load_fashion_mnist",
     "load_gpt2_tokenizer",
     "load_tokenizer",
     "prepare_text",
     "random_crop_flip",
+    "read_cifar_batch",
     "read_idx",
     "shard_bounds",
     "split_documents",

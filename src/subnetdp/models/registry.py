@@ -16,6 +16,7 @@ from torch import nn
 
 from subnetdp.models.llama import LLAMA_ADAPTER, LLAMA_FLAVOURS, Llama
 from subnetdp.models.resnet import RESNET_ADAPTER, ResNet18
+from subnetdp.models.swin import SWIN_ADAPTER, SwinTransformer, swin_config
 from subnetdp.subnet.adapter import UnitAdapter
 
 
@@ -58,14 +59,22 @@ def _llama_builder(flavour: str) -> Callable[..., nn.Module]:
     return build
 
 
-def _resnet_builder(in_channels: int, num_classes: int) -> Callable[..., nn.Module]:
+def _resnet_builder(in_channels: int, num_classes: int, widen: int = 1) -> Callable[..., nn.Module]:
     def build(**overrides: Any) -> nn.Module:
         valid = list(inspect.signature(ResNet18).parameters)
         unknown = set(overrides) - set(valid)
         if unknown:
             raise ValueError(f"unknown ResNet18 override(s) {sorted(unknown)}; valid: {valid}")
-        kwargs: dict[str, Any] = {"in_channels": in_channels, "num_classes": num_classes}
+        kwargs: dict[str, Any] = {"in_channels": in_channels, "num_classes": num_classes,
+                                  "widen": widen}
         return ResNet18(**(kwargs | overrides))
+
+    return build
+
+
+def _swin_builder(flavour: str, num_classes: int) -> Callable[..., nn.Module]:
+    def build(**overrides: Any) -> nn.Module:
+        return SwinTransformer(swin_config(flavour, **({"num_classes": num_classes} | overrides)))
 
     return build
 
@@ -81,19 +90,47 @@ def _lm(flavour: str, **defaults: Any) -> Recipe:
     return Recipe(f"llama-{flavour}", "lm", LLAMA_ADAPTER, _llama_builder(flavour), base | defaults)
 
 
-def _image(name: str, in_channels: int, image_size: int) -> Recipe:
+# Image datasets: (channels, side, classes). fmnist ships in a Debian package; CIFAR is read
+# from --data-dir (standard python batches).
+_DATASETS = {"fmnist": (1, 28, 10), "cifar10": (3, 32, 10), "cifar100": (3, 32, 100)}
+
+
+def _image(name: str, dataset: str, widen: int = 1) -> Recipe:
     # The usual CIFAR ResNet-18 recipe (SGD, lr 0.1 at batch 128, momentum 0.9, wd 5e-4).
+    in_channels, image_size, num_classes = _DATASETS[dataset]
     defaults = {
+        "dataset": dataset,
         "batch_size": 128,
         "lr": 0.1,
         "in_channels": in_channels,
-        "num_classes": 10,
+        "num_classes": num_classes,
         "image_size": image_size,
         "optimizer": "sgd",
         "momentum": 0.9,
         "weight_decay": 5e-4,
     }
-    return Recipe(name, "image", RESNET_ADAPTER, _resnet_builder(in_channels, 10), defaults)
+    build = _resnet_builder(in_channels, num_classes, widen)
+    return Recipe(name, "image", RESNET_ADAPTER, build, defaults)
+
+
+def _swin(name: str, dataset: str) -> Recipe:
+    # Swin-T's optimizer (AdamW, weight decay 0.05, warm-up, gradient clipping 5) with the lr
+    # usual for Swin on CIFAR, 1e-3 at batch 128 per worker (ImageNet Swin-T: 1e-3 at 1024).
+    in_channels, image_size, num_classes = _DATASETS[dataset]
+    defaults = {
+        "dataset": dataset,
+        "batch_size": 128,
+        "lr": 1e-3,
+        "warmup": 20,
+        "grad_clip": 5.0,
+        "in_channels": in_channels,
+        "num_classes": num_classes,
+        "image_size": image_size,
+        "optimizer": "adamw",
+        "weight_decay": 0.05,
+    }
+    flavour = "t-28" if image_size == 28 else "t-32"
+    return Recipe(name, "image", SWIN_ADAPTER, _swin_builder(flavour, num_classes), defaults)
 
 
 # lr follows GPT-3's table for the nearest size (125M 6e-4, 350M 3e-4, 1.3B 2e-4); the tiny
@@ -105,8 +142,15 @@ RECIPES: dict[str, Recipe] = {
         _lm("134m", batch_size=1, seq_len=2048, lr=6e-4, warmup=1000),
         _lm("500m", batch_size=1, seq_len=2048, lr=3e-4, warmup=1000),
         _lm("1b", batch_size=1, seq_len=2048, lr=2e-4, warmup=1000),
-        _image("resnet18-fmnist", in_channels=1, image_size=28),
-        _image("resnet18-cifar10", in_channels=3, image_size=32),
+        _image("resnet18-fmnist", "fmnist"),
+        _image("resnet18-cifar10", "cifar10"),
+        # WideResNet-18: ResNet-18 with every stage 2× wider (64·2 … 512·2 channels, 4× the
+        # parameters: 44.7M for CIFAR); --model-arg widen=4 gives the 4× variant (179M).
+        _image("wrn18-fmnist", "fmnist", widen=2),
+        _image("wrn18-cifar10", "cifar10", widen=2),
+        _swin("swin-t-fmnist", "fmnist"),
+        _swin("swin-t-cifar10", "cifar10"),
+        _swin("swin-t-cifar100", "cifar100"),
     )
 }
 

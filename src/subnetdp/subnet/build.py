@@ -41,12 +41,13 @@ def drop_units(model: nn.Module, adapter: UnitAdapter, held: Iterable[int]) -> l
     """Replace every unit not in ``held`` by its parameter-free stand-in; return their names."""
     keep = set(held)
     dropped = []
-    for i, (name, _) in enumerate(unit_modules(model, adapter)):
+    for i, (name, module) in enumerate(unit_modules(model, adapter)):
         if i in keep:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, removed_module(adapter.removed, name))
+        # like=module: the stand-in follows the block's calling convention (removed.py).
+        setattr(parent, child, removed_module(adapter.removed, name, like=module))
         dropped.append(name)
     return dropped
 

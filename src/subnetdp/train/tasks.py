@@ -72,20 +72,24 @@ class LMTask:
 
 
 class ImageTask:
-    """Image classification (Fashion-MNIST from its Debian package, or --data-dir)."""
+    """Image classification: Fashion-MNIST (its Debian package, or --data-dir) or CIFAR-10/100
+    (python batches from --data-dir), as the recipe's ``dataset`` default says."""
 
     def __init__(self, cfg: TrainConfig, defaults: dict[str, Any]) -> None:
-        from subnetdp.data import load_fashion_mnist
+        from subnetdp.data import load_cifar, load_fashion_mnist
 
         assert cfg.batch_size is not None
         self.cfg = cfg
-        if defaults.get("in_channels", 1) != 1:
-            raise ValueError(
-                f"recipe {cfg.recipe!r} needs CIFAR-style data, which no package ships and this "
-                "version cannot load yet; use resnet18-fmnist"
-            )
-        self.train_x, self.train_y = load_fashion_mnist("train", cfg.data_dir)
-        self.test_x, self.test_y = load_fashion_mnist("test", cfg.data_dir)
+        dataset = defaults.get("dataset", "fmnist")
+        if dataset == "fmnist":
+            self.train_x, self.train_y = load_fashion_mnist("train", cfg.data_dir)
+            self.test_x, self.test_y = load_fashion_mnist("test", cfg.data_dir)
+        else:  # cifar10 / cifar100; a missing folder raises DatasetMissingError saying how
+            self.train_x, self.train_y = load_cifar(dataset, "train", cfg.data_dir)
+            self.test_x, self.test_y = load_cifar(dataset, "test", cfg.data_dir)
+        # CIFAR's standard augmentation (random crop with 4-pixel padding, horizontal flip);
+        # Fashion-MNIST recipes train without it, as before.
+        self.augment = dataset != "fmnist"
         self.items_per_batch = cfg.batch_size
 
     def model_overrides(self) -> dict[str, Any]:
@@ -96,7 +100,8 @@ class ImageTask:
 
         assert self.cfg.batch_size is not None
         return image_batches(self.train_x, self.train_y, batch_size=self.cfg.batch_size,
-                             rank=rank, world=world, seed=self.cfg.seed, start_step=start_step)
+                             rank=rank, world=world, seed=self.cfg.seed, start_step=start_step,
+                             augment=self.augment)
 
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out.float(), y)
