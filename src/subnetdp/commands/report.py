@@ -20,6 +20,7 @@ def row_values(summary: dict[str, Any]) -> dict[str, float]:
         "params": _worst(summary, "params_held"),
         "memory": _worst(summary, "peak_memory_bytes"),
         "bytes": _worst(summary, "comm_bytes_per_step"),
+        "refresh": max((r.get("refresh_bytes_per_step") or 0) for r in summary["per_rank"]),
         "step_time": summary["step_time_s"],
     }
 
@@ -35,34 +36,48 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  params / worker    {v['params'] / 1e6:.3f} M (max over ranks)",
         f"  peak mem / worker  {v['memory'] / MiB:.1f} MiB (measured, max over ranks)",
         f"  bytes sent / step  {v['bytes'] / MiB:.2f} MiB (max over ranks)",
+        *([f"  refresh / step     {v['refresh'] / MiB:.2f} MiB (owners -> non-holders, max)"]
+          if v["refresh"] else []),
         f"  step time          {v['step_time']:.3f} s (median)",
     ]
     return "\n".join(lines)
 
 
-def comparison_table(base: dict[str, Any], other: dict[str, Any]) -> str:
-    """Side by side: two runs and the ratio other / base of every figure."""
-    b, o = row_values(base), row_values(other)
+def label(summary: dict[str, Any]) -> str:
+    """A run's column header: its strategy, with the coverage for SDP runs."""
+    if summary["strategy"] == "ddp":
+        return "ddp"
+    return f"{summary['strategy']} (C={summary['coverage']})"
+
+
+def comparison_table(
+    base: dict[str, Any], *others: dict[str, Any], labels: list[str] | None = None
+) -> str:
+    """Side by side: a base run, other runs, and the ratio other / base of every figure."""
+    runs = [base, *others]
+    names = labels or [label(r) for r in runs]
+    vals = [row_values(r) for r in runs]
     qname = "val accuracy" if "val_accuracy" in base else "val loss (full model)"
-    rows = [
-        (qname, f"{b['quality']:.4f}", f"{o['quality']:.4f}", o["quality"] / b["quality"]),
-        ("params held / worker", f"{b['params'] / 1e6:.3f} M", f"{o['params'] / 1e6:.3f} M",
-         o["params"] / b["params"]),
-        ("peak memory / worker", f"{b['memory'] / MiB:.1f} MiB", f"{o['memory'] / MiB:.1f} MiB",
-         o["memory"] / b["memory"]),
-        ("bytes sent / step", f"{b['bytes'] / MiB:.2f} MiB", f"{o['bytes'] / MiB:.2f} MiB",
-         o["bytes"] / b["bytes"] if b["bytes"] else float("nan")),
-        ("median step time", f"{b['step_time']:.3f} s", f"{o['step_time']:.3f} s",
-         o["step_time"] / b["step_time"]),
+    fields = [
+        (qname, "quality", lambda v: f"{v:.4f}"),
+        ("params held / worker", "params", lambda v: f"{v / 1e6:.3f} M"),
+        ("peak memory / worker", "memory", lambda v: f"{v / MiB:.1f} MiB"),
+        ("bytes sent / step", "bytes", lambda v: f"{v / MiB:.2f} MiB"),
+        ("median step time", "step_time", lambda v: f"{v:.3f} s"),
     ]
-    h1 = base["strategy"]
-    h2 = f"{other['strategy']} (C={other['coverage']})"
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(h1), *(len(r[1]) for r in rows))
-    w2 = max(len(h2), *(len(r[2]) for r in rows))
-    ratio = f"{other['strategy']} / {base['strategy']}"
-    out = [f"{'':<{w0}}  {h1:>{w1}}  {h2:>{w2}}  {ratio:>11}"]
-    out.append("-" * len(out[0]))
-    for name, x, y, r in rows:
-        out.append(f"{name:<{w0}}  {x:>{w1}}  {y:>{w2}}  {r:>11.3f}")
-    return "\n".join(out)
+    if any(v["refresh"] for v in vals):  # backward masking's second traffic, kept apart
+        fields.insert(4, ("refresh sent / step", "refresh", lambda v: f"{v / MiB:.2f} MiB"))
+    ratio_names = [f"{n.split(' ')[0]} / {names[0].split(' ')[0]}" for n in names[1:]]
+    header = ["", *names, *ratio_names]
+    rows = []
+    for title, key, fmt in fields:
+        b = vals[0][key]
+        ratios = [f"{v[key] / b:.3f}" if b else "-" for v in vals[1:]]
+        rows.append([title, *(fmt(v[key]) for v in vals), *ratios])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i])
+                       for i, c in enumerate(header))]
+    lines.append("-" * len(lines[0]))
+    lines += ["  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i])
+                        for i, c in enumerate(r)) for r in rows]
+    return "\n".join(lines)
