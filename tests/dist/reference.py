@@ -119,6 +119,8 @@ class VirtualWorkers:
                 if u not in held:
                     m[g.slot_start:g.slot_stop] = 0
             for down, m in masks.items():
+                # n-sdp's default output scaling: kept units count 1/keep-rate in training
+                m *= m.numel() / m.sum()
                 mod = self.model.get_submodule(down)
                 width = mod.weight.shape[1]  # the hidden size the down module consumes
                 slot_mask = m.repeat_interleave(width // m.numel())

@@ -30,7 +30,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rotate", action="store_true",
                    help="n-sdp: rotate each layer's spread window by the layer index")
     p.add_argument("--output-scaling", default=d.output_scaling, choices=("none", "keep"),
-                   help="n-sdp: scale kept hidden units by 1/keep-rate while training")
+                   help="n-sdp: scale kept hidden units by 1/keep-rate while training "
+                        "(default: keep for n-sdp)")
     p.add_argument("--refresh-every", type=int, default=d.refresh_every, metavar="K",
                    help="bb-sdp/nb-sdp: refresh non-held units from their owners every K "
                         "steps (1 = exact)")

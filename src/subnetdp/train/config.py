@@ -22,7 +22,7 @@ class TrainConfig:
     neuron_groups: int | None = None
     neuron_kinds: str | None = None
     rotate: bool = False
-    output_scaling: str = "none"
+    output_scaling: str | None = None  # None: "keep" for n-sdp (measured), else "none"
     # bb-sdp/nb-sdp: refresh non-held units from their owners every this many steps (1 = exact)
     refresh_every: int = 1
     seed: int = 0
@@ -72,9 +72,9 @@ class TrainConfig:
             bad(f"--strategy {self.strategy!r} is not available; choose one of {STRATEGIES}")
         if self.neuron_groups is not None and self.neuron_groups < 1:
             bad(f"--neuron-groups must be >= 1, got {self.neuron_groups}")
-        if self.output_scaling not in ("none", "keep"):
+        if self.output_scaling not in (None, "none", "keep"):
             bad(f"--output-scaling must be none or keep, got {self.output_scaling!r}")
-        if self.output_scaling != "none" and self.strategy != "n-sdp":
+        if self.output_scaling == "keep" and self.strategy != "n-sdp":
             bad("--output-scaling applies to --strategy n-sdp only")
         if self.refresh_every < 1:
             bad(f"--refresh-every must be >= 1 (1 = exact), got {self.refresh_every}")
