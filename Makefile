@@ -52,8 +52,11 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests
 	$(PY) -m mypy src
 
+# reducer_overhead: b-sdp's reducer vs torch DDP; paper_scale: estimated memory/comm of
+# llama-134m/500m/1b at 8 workers for every strategy + a measured CPU run (see README).
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/reducer_overhead.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/paper_scale.py
 
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/out

@@ -1,4 +1,5 @@
-"""``subnetdp``: train | plan | demo. Thin: each subcommand lives in subnetdp.commands."""
+"""``subnetdp``: train | plan | demo | export | eval. Thin: each subcommand lives in
+subnetdp.commands."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from subnetdp.commands import demo, plan_cmd, train_cmd
+    from subnetdp.commands import bench_cmd, demo, eval_cmd, export_cmd, plan_cmd, train_cmd
 
     parser = argparse.ArgumentParser(
         prog="subnetdp", description="Subnetwork Data Parallelism for PyTorch"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (train_cmd, plan_cmd, demo):
+    for module in (train_cmd, plan_cmd, demo, export_cmd, eval_cmd, bench_cmd):
         module.add_parser(sub)
     return parser
 
@@ -29,6 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from subnetdp.commands import plan_cmd
 
         return plan_cmd.run(args)
+    if args.command == "bench":
+        from subnetdp.commands import bench_cmd
+
+        return bench_cmd.run(args)
+    if args.command in ("export", "eval"):
+        from subnetdp.commands import eval_cmd, export_cmd
+
+        return (export_cmd if args.command == "export" else eval_cmd).run(args)
     from subnetdp.commands import demo
 
     return demo.run(args)

@@ -66,6 +66,12 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--save", metavar="FILE", help="also write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    budget = p.add_argument_group("memory budget (subnetdp.bench.budget; needs --model, --world)")
+    budget.add_argument("--memory-gb", type=float,
+                        help="search strategies and coverages that fit in this many GB/worker")
+    budget.add_argument("--batch", type=int, default=1, help="micro-batch per worker (default 1)")
+    budget.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
+    budget.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.set_defaults(func=run)
 
 
@@ -233,6 +239,10 @@ def format_table(rep: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``subnetdp plan``; 0 on success, 2 on a user error (message on stderr)."""
+    if getattr(args, "memory_gb", None) is not None:
+        from subnetdp.bench.budget import run_budget
+
+        return run_budget(args)
     try:
         plan, model = build_plan(args)
         if args.save:

@@ -36,8 +36,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="bb-sdp/nb-sdp: refresh non-held units from their owners every K "
                         "steps (1 = exact)")
     p.add_argument("--plan-file", default=None, help="a plan JSON instead of --coverage/--scheme")
-    p.add_argument("--nproc", type=int, default=4,
-                   help="local worker processes (ignored under torchrun, which sets the world)")
+    # default None (meaning 4) so that an explicit --nproc 4 is seen when resuming
+    p.add_argument("--nproc", type=int, default=None,
+                   help="local worker processes, default 4 (ignored under torchrun, which sets "
+                        "the world)")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--batch-size", type=int, default=None, help="per worker; recipe default")
@@ -56,21 +58,47 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field, e.g. --model-arg width=16 (repeatable)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--ckpt-every", type=int, default=d.ckpt_every, metavar="N",
+                   help="write a sharded checkpoint every N steps and at the end (0: never)")
+    p.add_argument("--ckpt-keep", type=int, default=d.ckpt_keep, metavar="K",
+                   help="keep the newest K checkpoints")
+    p.add_argument("--max-restarts", type=int, default=d.max_restarts,
+                   help="restart the worker group this many times after a failure; it "
+                        "resumes from the newest checkpoint")
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("train", help="train one run (ddp, b-sdp or n-sdp)")
     add_train_arguments(p)
     p.add_argument("--out", default=None, help="run directory (default runs/<recipe>-<strategy>)")
+    p.add_argument("--resume", default=None, metavar="RUN",
+                   help="continue runs/NAME from its newest checkpoint (or from the given "
+                        "runs/NAME/checkpoints/step_N) with the run's own configuration")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values["model_args"] = dict(_parse_model_arg(a) for a in args.model_arg)
+    if values.get("resume"):
+        from subnetdp.train.checkpoint import resume_config
+
+        return resume_config(values["resume"], values, _explicit_options(args))
+    values.setdefault("nproc", 4)
     if values.get("out") is None:
         values["out"] = f"runs/{args.recipe}-{args.strategy}"
     return TrainConfig(**values)
+
+
+def _explicit_options(args: argparse.Namespace) -> set[str]:
+    """Options given on the command line (their value differs from the parser's default)."""
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    defaults = vars(p.parse_args([]))
+    explicit = {k for k, v in vars(args).items() if k in defaults and v != defaults[k]}
+    if getattr(args, "out", None) is not None:
+        explicit.add("out")
+    return {"model_args" if k == "model_arg" else k for k in explicit}
 
 
 def _parse_model_arg(text: str) -> tuple[str, Any]:
@@ -96,8 +124,20 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 
             Plan.from_json(Path(cfg.plan_file).read_text()).validate(cfg.nproc)
         make_task(cfg)  # build the tokenizer/token cache once, before the workers start
-    launch(train_worker, (cfg.to_dict(),), nproc=cfg.nproc,
-           run_id=f"subnetdp-{int(time.time())}")
+        # Refuse a damaged checkpoint or one for another world before anything is written.
+        from subnetdp.train.checkpoint import check_fresh_run_dir, preflight_resume
+
+        if cfg.resume:
+            preflight_resume(cfg)
+        else:
+            check_fresh_run_dir(Path(cfg.out))
+    results = launch(train_worker, (cfg.to_dict(),), nproc=cfg.nproc,
+                     run_id=f"subnetdp-{int(time.time())}", max_restarts=cfg.max_restarts)
+    stopped = [r["error"] for r in results.values() if isinstance(r, dict) and "error" in r]
+    if stopped:
+        from subnetdp.train.checkpoint import NonFiniteLossError
+
+        raise NonFiniteLossError(stopped[0])
     summary_path = Path(cfg.out) / "summary.json"
     return json.loads(summary_path.read_text()) if summary_path.exists() else {}
 
@@ -105,6 +145,8 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from subnetdp.commands.report import format_summary
     from subnetdp.data import DatasetMissingError
+    from subnetdp.train.checkpoint import NonFiniteLossError
+    from subnetdp.train.launch import WorkerFailedError
 
     try:
         cfg = config_from_args(args)
@@ -112,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, DatasetMissingError) as e:
         print(f"subnetdp train: {e}", file=sys.stderr)
         return 2
+    except (NonFiniteLossError, WorkerFailedError) as e:  # the run started, then stopped
+        print(f"subnetdp train: {e}", file=sys.stderr)
+        return 1
     if summary and os.environ.get("RANK", "0") == "0":  # under torchrun, one report
         print(format_summary(summary))
         print(f"\nsummary: {Path(cfg.out) / 'summary.json'}")

@@ -45,6 +45,14 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0
     progress: bool = True
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"width": 16}
+    # Checkpoints (train/checkpoint.py): every ckpt_every steps and at the end (0 = never),
+    # keeping the newest ckpt_keep; resume = a run folder or one of its checkpoints;
+    # max_restarts = times torch elastic restarts a failed worker group (it then resumes from
+    # the newest checkpoint).
+    ckpt_every: int = 0
+    ckpt_keep: int = 3
+    resume: str | None = None
+    max_restarts: int = 0
 
     def resolved(self) -> TrainConfig:
         """A copy with every None filled from the recipe's defaults, validated."""
@@ -94,6 +102,17 @@ class TrainConfig:
             bad(f"--device must be auto, cpu or cuda, got {self.device!r}")
         if self.eval_batches < 1:
             bad(f"--eval-batches must be >= 1, got {self.eval_batches}")
+        if self.ckpt_every < 0:
+            bad(f"--ckpt-every must be >= 0 (0 = no checkpoints), got {self.ckpt_every}")
+        if self.ckpt_keep < 1:
+            bad(f"--ckpt-keep must be >= 1, got {self.ckpt_keep}")
+        if self.max_restarts < 0:
+            bad(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if (self.strategy in ("bb-sdp", "nb-sdp") and self.ckpt_every % self.refresh_every):
+            # Between refreshes non-holders hold stale copies that no shard records, so only
+            # a checkpoint right after a refresh step resumes exactly.
+            bad(f"--ckpt-every ({self.ckpt_every}) must be a multiple of --refresh-every "
+                f"({self.refresh_every}) under {self.strategy}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -128,9 +128,14 @@ def launch(
         local_addr="127.0.0.1",
         logs_specs=logs,
     )
+    # With restarts, the agent must not share its rendezvous TCPStore with the workers: the
+    # store outlives an attempt, so a restarted group's init_process_group reads the dead
+    # group's gloo/NCCL addresses from it and fails to connect (pytorch/pytorch#135712).
+    # Disabled, rank 0 of each attempt hosts a fresh store.
+    restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
     with (
         _preserved_process_state(),
-        _default_env(OMP_NUM_THREADS="1"),
+        _default_env(OMP_NUM_THREADS="1", **restart_env),
         _gc_paused(start_method == "fork") as gc_was_enabled,
     ):
         entry = _ForkedWorker(fn, gc_was_enabled) if start_method == "fork" else fn

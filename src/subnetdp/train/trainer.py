@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import platform
 import statistics
 import time
@@ -14,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.metrics.memory import measure_step_memory
 from subnetdp.metrics.progress import Progress
 from subnetdp.metrics.sinks import JsonlSink, rank_jsonl_path, write_json_atomic
@@ -22,6 +22,14 @@ from subnetdp.plan import diagnostics, worker_bytes
 from subnetdp.runtime import SubnetDataParallel
 from subnetdp.subnet.build import build_full_model
 from subnetdp.train.build import DDPCommCounter, build_plan, make_optimizer, save_plan, wrap_model
+from subnetdp.train.checkpoint import (
+    Checkpointer,
+    NonFiniteLossError,
+    drop_replayed_metrics,
+    resume_source,
+    run_info,
+    stop_if_not_finite,
+)
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.launch import init_distributed, shutdown_distributed
 from subnetdp.train.tasks import Task, make_task
@@ -74,6 +82,10 @@ def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     rank, world = init_distributed("gloo" if cfg.device == "cpu" else None)
     try:
         return _run(cfg, rank, world)
+    except NonFiniteLossError as e:
+        # All ranks stop at the same step (the check is collective). Returning rather than
+        # raising tells torch elastic not to restart a run that would only diverge again.
+        return {"error": str(e)}
     finally:
         shutdown_distributed()
 
@@ -90,19 +102,23 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
         plan = build_plan(cfg, recipe.build_model(**overrides), recipe, world)
     model, counter = wrap_model(cfg, recipe, plan, device, overrides)
     opt, sched = make_optimizer(cfg, recipe, model)
+    ckpt = Checkpointer(out, model, opt, sched, plan=plan, cfg=cfg, rank=rank, world=world,
+                        info=run_info(recipe, overrides))
+    source = resume_source(cfg.resume, out)  # also: after an elastic restart, the newest
+    start = ckpt.restore(source) if source is not None else 0
     if rank == 0:
         save_plan(plan, out / "plan.json")
         write_json_atomic(out / "config.json", cfg.to_dict())
 
-    batches = task.batches(rank=rank, world=world)
+    batches = task.batches(rank=rank, world=world, start_step=start)  # exact data position
     times: list[float] = []
-    losses: list[float] = []
+    losses = drop_replayed_metrics(rank_jsonl_path(out, rank), start, resumed=source is not None)
     memory: dict[str, Any] = {}
     step_bytes: list[int] = []
     refresh_bytes: list[int] = []  # backward masking: owners -> non-holders, before forward
     progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress, desc=cfg.strategy)
     with JsonlSink(rank_jsonl_path(out, rank)) as sink:
-        for step in range(cfg.steps):
+        for step in range(start, cfg.steps):
             x, y = next(batches)
             batch = (x.to(device), y.to(device))
             sent_before = _comm_bytes(model, counter)
@@ -119,22 +135,22 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             else:
                 loss = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0)
             dt = time.perf_counter() - t0
-            if step >= WARMUP_STEPS and step != cfg.memory_step:
+            # A segment too short for a warm-up (a resume near the end) times every step.
+            warm = step - start >= WARMUP_STEPS or cfg.steps - start <= WARMUP_STEPS
+            if warm and step != cfg.memory_step:
                 times.append(dt)
             sent = _comm_bytes(model, counter) - sent_before
             step_bytes.append(sent)
             refresh_bytes.append(_refresh_bytes(model) - refreshed_before)
             losses.append(loss)
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"rank {rank}: loss is {loss} at step {step}; lower --lr or enable "
-                    "--grad-clip"
-                )
+            stop_if_not_finite(loss, step, out, device)
             tps = task.items_per_batch / dt
             sink.log(step, {"loss": loss, "lr": sched.get_last_lr()[0], "time/step_s": dt,
                             "throughput(tps)": tps, "comm/bytes_per_step": sent,
                             "comm/refresh_bytes_per_step": refresh_bytes[-1]})
             progress.update(step + 1, loss=loss, tps=tps * world)
+            if ckpt.due(step + 1):
+                ckpt.save(step + 1)
     progress.close()
 
     evaluation = _evaluate(model, recipe, task, device, overrides, rank)
@@ -151,8 +167,10 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
         "units_held": plan.held_units(rank),
         "peak_memory_bytes": memory.get("peak_bytes"),
         "memory": memory,
-        "comm_bytes_per_step": statistics.median(step_bytes[1:] or step_bytes),
+        "comm_bytes_per_step": statistics.median(step_bytes[1:] or step_bytes or [0]),
         "comm_ring_bytes_per_step": wb.allreduce_ring,
+        # counted by the reducers: per step, by collective and by process group (payload, ring)
+        "comm": comm_record(model, counter, steps=cfg.steps - start, world=world),
         "analytic": wb.to_dict(),
         "step_time_s": median,
         "final_train_loss": statistics.fmean(losses[-10:]),
@@ -205,6 +223,7 @@ def _summary(
         "params_total": plan.shared_size + sum(u.size for u in plan.units),
         "plan": {k: diag[k] for k in ("unit_coverage", "param_coverage", "mask_error",
                                       "spectral_gap", "holders")},
+        "comm": comm_summary(ranks),
         "per_rank": ranks,
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "config": cfg.to_dict(),

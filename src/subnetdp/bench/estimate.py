@@ -1,0 +1,248 @@
+"""Peak memory of one training step at full scale, without the hardware.
+
+``estimate_memory(spec)`` runs real training steps of ``spec`` for one rank at a time inside
+``FakeTensorMode`` (tensors carry shapes and dtypes, no storage) over torch's *fake* process
+group (collectives return at once, so one process plays any rank of any world), under
+``MemTracker``, which categorises every live storage as parameter, buffer, gradient, optimizer
+state, activation or temporary. The numbers are therefore those of the real code path
+(subnetwork materialisation, reducer buckets, FSDP2 all-gathers, checkpoint recomputation), not a
+formula; what they do not include is allocator rounding/caching and communicator buffers.
+
+Steady state: the first step allocates optimizer state and reducer buckets; the reported peak is
+that of the *second* step (the tracker's running peak is restarted between the two).
+
+SDP ranks hold different units, so every distinct row of the plan (by the multiset of unit
+sizes held) is estimated separately; ranks with the same row share the result. Baselines are
+symmetric (FSDP2's rank 0 holds the largest, padded, shard), so rank 0 stands for all.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from subnetdp.bench.strategies import (
+    OPTIMIZER_STATES,
+    BenchSpec,
+    Built,
+    build_rank,
+    lm_step,
+    make_bench_plan,
+    meta_model,
+    vocab_size,
+)
+from subnetdp.metrics.memory import CATEGORIES
+from subnetdp.plan import Plan, worker_bytes
+
+GiB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """One rank's step: ``peak_bytes`` with its ``breakdown`` (categories at the peak), and
+    ``state``: parameter, gradient and optimizer bytes this rank holds after ``opt.step()``
+    (exact, for comparison with ``analytic``)."""
+
+    rank: int
+    peak_bytes: int
+    breakdown: dict[str, int]
+    state: dict[str, int]
+    analytic: dict[str, int]
+    same_as: int | None = None  # the rank whose estimate this copies (identical plan row)
+
+
+@dataclass
+class MemoryEstimate:
+    spec: BenchSpec
+    per_rank: list[RankEstimate] = field(default_factory=list)
+
+    @property
+    def worst(self) -> RankEstimate:
+        return max(self.per_rank, key=lambda r: (r.peak_bytes, -r.rank))
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.worst.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        w = self.worst
+        return {
+            "spec": asdict(self.spec),
+            "label": self.spec.label,
+            "peak_bytes": w.peak_bytes,
+            "memory/peak_active(GiB)": w.peak_bytes / GiB,
+            "worst_rank": w.rank,
+            "breakdown": dict(w.breakdown),
+            "state": dict(w.state),
+            "analytic": dict(w.analytic),
+            "per_rank": [asdict(r) for r in self.per_rank],
+        }
+
+
+def estimate_memory(spec: BenchSpec, *, ranks: list[int] | None = None) -> MemoryEstimate:
+    """Estimate ``spec`` for ``ranks`` (default: every rank, one run per distinct plan row)."""
+    if dist.is_initialized():
+        raise RuntimeError("estimate_memory needs a process without a process group: it "
+                           "creates the fake one itself; run it outside distributed workers")
+    recipe, meta = meta_model(spec)
+    plan = make_bench_plan(spec, meta, recipe) if spec.is_sdp else None
+    wanted = list(range(spec.world)) if ranks is None else list(ranks)
+    # rank -> representative rank with the same row (baselines: rank 0 for everyone)
+    rep = {r: (_first_with_same_row(plan, r) if plan is not None else 0) for r in wanted}
+    done: dict[int, RankEstimate] = {}
+    for r in sorted(set(rep.values())):
+        done[r] = _estimate_rank(spec, r)
+    out = MemoryEstimate(spec)
+    for r in wanted:
+        base = done[rep[r]]
+        if r == base.rank:
+            out.per_rank.append(base)
+        else:
+            analytic = analytic_state(spec, r, plan)
+            out.per_rank.append(RankEstimate(r, base.peak_bytes, base.breakdown, base.state,
+                                             analytic, same_as=base.rank))
+    return out
+
+
+def heaviest_rank(spec: BenchSpec) -> int:
+    """The rank holding the most parameters (lowest such rank): the one to estimate when only
+    the worst rank matters and rows differ (n-sdp's groups differ by one slot)."""
+    if not spec.is_sdp:
+        return 0
+    recipe, meta = meta_model(spec)
+    plan = make_bench_plan(spec, meta, recipe)
+    return max(range(plan.world), key=lambda r: (plan.held_size(r), -r))
+
+
+def _row_signature(plan: Plan, rank: int) -> tuple[int, ...]:
+    return tuple(sorted(plan.units[u].size for u in plan.held_units(rank)))
+
+
+def _first_with_same_row(plan: Plan, rank: int) -> int:
+    sig = _row_signature(plan, rank)
+    return next(r for r in range(plan.world) if _row_signature(plan, r) == sig)
+
+
+def _estimate_rank(spec: BenchSpec, rank: int) -> RankEstimate:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=spec.world, store=FakeStore())
+    try:
+        mesh = None
+        if spec.strategy.startswith("fsdp"):
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (spec.world,))  # outside fake mode (real metadata)
+        vocab = vocab_size(spec)
+        recipe, meta = meta_model(spec)  # real meta tensors: fake mode then allocates fakes
+        with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+            # the reducer compares data_ptr()s, which fake tensors lack (views are attached
+            # before forward, so the comparison's outcome does not change the memory)
+            warnings.simplefilter("ignore", UserWarning)
+            built = build_rank(spec, mesh=mesh, fake=True, prebuilt=(recipe, meta))
+            tokens = torch.randint(0, vocab, (spec.batch, spec.seq + 1))
+            state: dict[str, int] = {}
+            peak = _second_step_peak(built, tokens, state)
+    finally:
+        dist.destroy_process_group()
+    breakdown = _categories(peak.get(torch.device("cpu"), {}))
+    plan = built.plan if spec.is_sdp else None
+    return RankEstimate(rank, breakdown["total"], breakdown, state,
+                        analytic_state(spec, rank, plan))
+
+
+def _second_step_peak(built: Built, tokens: torch.Tensor, state: dict[str, int]) -> Any:
+    from subnetdp.metrics.memory import make_tracker
+    from subnetdp.runtime import SubnetDataParallel
+
+    tracker = make_tracker()  # copes with backward masking's frozen parameters
+    model = built.model
+    modules = model.tracked_modules() if isinstance(model, SubnetDataParallel) else [model]
+    tracker.track_external(*modules, built.optimizer)
+    with tracker:
+        lm_step(built, tokens)
+        tracker.reset_mod_stats()  # per-module stats refuse a second iteration otherwise
+        # MemTracker has no public "reset peak"; restart it exactly as __enter__ starts it.
+        tracker._peak_mem_snap = tracker.get_tracker_snapshot()
+        tracker._peak_mem = {d: s["Total"] for d, s in tracker._peak_mem_snap.items()}
+        lm_step(built, tokens, after_step=lambda: state.update(held_state_bytes(built)))
+        peak = tracker.get_tracker_snapshot("peak")
+    tracker._WINFO.clear()  # drop the weak references' callbacks now (see metrics.memory)
+    return peak
+
+
+def _categories(snap: dict[Any, int]) -> dict[str, int]:
+    from subnetdp.metrics.memory import _breakdown
+
+    return _breakdown(snap) if snap else dict.fromkeys(CATEGORIES, 0)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2), or the tensor itself."""
+    return getattr(t, "_local_tensor", t)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def held_state_bytes(built: Built) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state (per-parameter tensors; AdamW's
+    scalar step counters excluded) this rank holds right now."""
+    from subnetdp.runtime import SubnetDataParallel
+
+    model = built.model
+    # Stored parameters (backward masking stores the full model) vs trained ones (gradients).
+    stored = list((model.module if isinstance(model, SubnetDataParallel) else model).parameters())
+    params = list(model.parameters())
+    opt_bytes = 0
+    for st in built.optimizer.state.values():
+        opt_bytes += sum(_nbytes(v) for v in st.values()
+                         if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {
+        "params": sum(_nbytes(p) for p in stored),
+        "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": opt_bytes,
+    }
+
+
+def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, int]:
+    """What ``state`` must be: ``plan.worker_bytes`` for SDP, the full model for DDP, and the
+    rank's dim-0 shard of every parameter for FSDP2 (``ceil(d0 / world)`` rows per rank)."""
+    width = spec.param_bytes
+    if plan is not None:
+        masking = "backward" if spec.strategy in ("bb-sdp", "nb-sdp") else "forward"
+        wb = worker_bytes(plan, rank, param_bytes=width, optimizer_states=OPTIMIZER_STATES,
+                          masking=masking)
+        return {"params": wb.params, "grads": wb.grads, "optimizer": wb.optimizer}
+    _, meta = meta_model(spec)
+    if spec.strategy.startswith("fsdp"):
+        elems = sum(fsdp_shard_numel(tuple(p.shape), spec.world, rank)
+                    for p in meta.parameters())
+    else:
+        elems = sum(p.numel() for p in meta.parameters())
+    return {"params": elems * width, "grads": elems * width,
+            "optimizer": OPTIMIZER_STATES * elems * width}
+
+
+def fsdp_shard_numel(shape: tuple[int, ...], world: int, rank: int) -> int:
+    """Elements of ``rank``'s FSDP2 shard: dim 0 cut into chunks of ``ceil(d0 / world)``."""
+    if not shape:
+        return 1 if rank == 0 else 0
+    chunk = math.ceil(shape[0] / world)
+    rows = max(0, min(shape[0], (rank + 1) * chunk) - rank * chunk)
+    return rows * math.prod(shape[1:])
+
+
+def ddp_default_bucket_bytes(spec: BenchSpec) -> int:
+    """The extra memory of torch DDP's default ``gradient_as_bucket_view=False``: flat buckets
+    that copy every gradient, alive for the whole run (see strategies' Note: fair DDP)."""
+    _, meta = meta_model(spec)
+    return sum(p.numel() for p in meta.parameters()) * spec.param_bytes

@@ -1,0 +1,139 @@
+"""Real worker processes: step time, measured memory and counted bytes, all strategies at once.
+
+``run_step_bench(specs, nproc=)`` starts ``nproc`` gloo workers (NCCL on GPU) through
+``subnetdp.train.launch.launch``; every worker builds one model per spec and runs them with
+steps *interleaved* (step i of every strategy, rotating which goes first), so machine noise
+hits all strategies alike. Per strategy and rank it returns the step times after warm-up
+(forward + backward + reduction + optimizer step), the memory of one steady-state step measured
+with ``metrics.memory.measure_step_memory`` (and ``torch.cuda.max_memory_allocated`` on GPU),
+and the bytes the reducers counted (``metrics.comm.comm_record``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from subnetdp.bench.strategies import BenchSpec, Built, build_rank, lm_step, vocab_size
+from subnetdp.metrics.comm import comm_record
+from subnetdp.metrics.memory import measure_step_memory
+from subnetdp.runtime import SubnetDataParallel
+
+
+def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
+                 rank: int, world: int) -> dict[str, Any]:
+    """Body of one worker (process group already up); results keyed by ``spec.label``."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
+        torch.device("cpu"))
+    mesh = None
+    if any(s.strategy.startswith("fsdp") for s in specs):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(dev.type, (world,))
+    built = {s.label: build_rank(s, device=dev, mesh=mesh) for s in specs}
+    vocab = vocab_size(specs[0])
+    g = torch.Generator().manual_seed(1000 + rank)
+    times: dict[str, list[float]] = {k: [] for k in built}
+    memory: dict[str, Any] = {}
+    labels = list(built)
+    for step in range(warmup + steps):
+        tokens = torch.randint(0, vocab, (specs[0].batch, specs[0].seq + 1), generator=g).to(dev)
+        order = labels[step % len(labels):] + labels[: step % len(labels)]
+        for label in order:
+            b = built[label]
+            if step == warmup - 1 or (warmup == 0 and step == 0):
+                # steady state (optimizer state exists): measured, not timed
+                sdp = b.model if isinstance(b.model, SubnetDataParallel) else None
+                _, rep = measure_step_memory(
+                    partial(lm_step, b, tokens),
+                    modules=sdp.tracked_modules() if sdp else [b.model],
+                    optimizers=[b.optimizer], grad_tensors=sdp.grad_buffers() if sdp else [])
+                memory[label] = rep.to_dict()
+                continue
+            _sync(dev)
+            t0 = time.perf_counter()
+            lm_step(b, tokens)
+            _sync(dev)
+            if step >= warmup:
+                times[label].append(time.perf_counter() - t0)
+    return {
+        "rank": rank,
+        "times": times,
+        "memory": memory,
+        "comm": {k: comm_record(b.model, b.comm_counter, steps=warmup + steps, world=world)
+                 for k, b in built.items()},
+        "params_held": {k: _held(b) for k, b in built.items()},
+    }
+
+
+def _held(b: Built) -> int:
+    return sum(getattr(p, "_local_tensor", p).numel() for p in b.model.parameters())
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _launched(specs: list[BenchSpec], steps: int, warmup: int, device: str) -> dict[str, Any]:
+    from subnetdp.train.launch import init_distributed, shutdown_distributed
+
+    rank, world = init_distributed("gloo" if device == "cpu" else None)
+    try:
+        return bench_worker(specs, steps, warmup, device, rank, world)
+    finally:
+        shutdown_distributed()
+
+
+def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 2,
+                   device: str = "cpu") -> dict[str, Any]:
+    """Launch ``specs[0].world`` workers and summarise: per strategy, the median step time
+    over all ranks and steps (the slowest rank's median too), its ratio to ``ddp`` when
+    present, the worst rank's measured peak memory and the counted bytes per step."""
+    from subnetdp.train.launch import launch
+
+    worlds = {s.world for s in specs}
+    if len(worlds) != 1 or len({(s.recipe, s.batch, s.seq) for s in specs}) != 1:
+        raise ValueError("all specs of one step benchmark must share recipe, world, batch, seq")
+    if warmup < 1:
+        raise ValueError("--warmup must be >= 1: the memory step runs during warm-up")
+    results = launch(_launched, (specs, steps, warmup, device), nproc=worlds.pop(),
+                     run_id="subnetdp-bench-step")
+    return summarise(specs, [results[r] for r in sorted(results)])
+
+
+def summarise(specs: list[BenchSpec], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    for s in specs:
+        k = s.label
+        all_t = [t for r in per_rank for t in r["times"][k]]
+        mems = [r["memory"][k] for r in per_rank]
+        worst = max(mems, key=lambda m: m["peak_bytes"])
+        # FSDP2 issues its collectives itself; nothing counts them yet (analytic only)
+        counted = not s.strategy.startswith("fsdp")
+        comms = [r["comm"][k] for r in per_rank] if counted else None
+        rows[k] = {
+            "spec": asdict(s),
+            "median_step_s": statistics.median(all_t) if all_t else float("nan"),
+            "slowest_rank_median_s": max(statistics.median(r["times"][k]) for r in per_rank)
+            if all_t else float("nan"),
+            "measured_peak_bytes": worst["peak_bytes"],
+            "measured_breakdown": worst["breakdown"],
+            "cuda_max_allocated": worst.get("cuda_max_allocated"),
+            "per_rank_peak_bytes": [m["peak_bytes"] for m in mems],
+            "comm": max(comms, key=lambda c: c["comm/ring_bytes_per_step"]) if comms else None,
+            "per_rank_comm": comms,
+            "params_held": [r["params_held"][k] for r in per_rank],
+        }
+    base = rows.get("ddp")
+    for row in rows.values():
+        row["step_ratio_to_ddp"] = (row["median_step_s"] / base["median_step_s"]
+                                    if base else None)
+    return {"rows": rows, "world": specs[0].world, "versions": {"torch": torch.__version__},
+            "backend": dist.Backend.GLOO if specs else None}

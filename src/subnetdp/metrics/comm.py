@@ -1,0 +1,69 @@
+"""Communication of one training step, as counted by the run (not derived from the plan).
+
+``comm_record(model, counter, steps=, world=)`` turns what the reducers counted into bytes per
+rank per step, by collective and by process group, as *payload* (the bytes handed to the
+collective) and *ring* traffic (what a ring all-reduce sends per rank: 2·(c−1)/c × payload for a
+group of c ranks). subnetdp's ``HolderReducer`` counts its buckets (``CommStats``); torch DDP is
+counted by ``train.build.DDPCommCounter``'s comm hook (one group: the world). The scalar
+all-reduce of gradient clipping (4 bytes) is not counted by either.
+
+No torch import: the model is read by duck typing (``comm_stats``), so this stays a side layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def group_key(ranks: tuple[int, ...] | list[int]) -> str:
+    """A JSON-friendly name for a process group: its ranks, e.g. ``"0,1,2"``."""
+    return ",".join(str(r) for r in ranks)
+
+
+def ring_bytes(payload: float, group_size: int) -> float:
+    """Bytes one rank sends for a ring all-reduce of ``payload`` bytes over ``group_size``."""
+    return 0.0 if group_size < 2 else 2 * (group_size - 1) / group_size * payload
+
+
+def comm_record(model: Any, counter: Any, *, steps: int, world: int) -> dict[str, Any]:
+    """Bytes per step of this rank: ``{"comm/bytes_per_step", "comm/ring_bytes_per_step",
+    "by_collective": {...}, "by_group": {"0,1": {"size", "payload", "ring"}}}``.
+
+    ``steps`` is the number of backward passes the counters saw (every step reduces the same
+    buckets, so totals divide exactly). Works for ``SubnetDataParallel`` (``comm_stats``) and
+    for torch DDP with a ``DDPCommCounter`` (``counter``); anything else reports zeros.
+    """
+    steps = max(1, steps)
+    groups: dict[tuple[int, ...], float] = {}
+    stats = getattr(model, "comm_stats", None)
+    if stats is not None:
+        groups = {tuple(k): v / steps for k, v in stats.by_group.items()}
+    elif counter is not None and world > 1:
+        groups = {tuple(range(world)): counter.total_bytes / steps}
+    by_group = {
+        group_key(k): {"size": len(k), "payload": v, "ring": ring_bytes(v, len(k))}
+        for k, v in sorted(groups.items())
+    }
+    payload = sum(g["payload"] for g in by_group.values())
+    ring = sum(g["ring"] for g in by_group.values())
+    return {
+        "comm/bytes_per_step": payload,
+        "comm/ring_bytes_per_step": ring,
+        "by_collective": {"all_reduce": {"payload": payload, "ring": ring}} if by_group else {},
+        "by_group": by_group,
+    }
+
+
+def comm_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run summary's view: the busiest rank's record (it sets the pace) and per-rank totals,
+    from the ``"comm"`` entry of each rank's stats (ranks without one are skipped)."""
+    records = [(r.get("rank"), r["comm"]) for r in ranks if r.get("comm")]
+    if not records:
+        return {}
+    rank, busiest = max(records, key=lambda x: x[1]["comm/ring_bytes_per_step"])
+    return {
+        "busiest_rank": rank,
+        **busiest,
+        "per_rank_bytes_per_step": [c["comm/bytes_per_step"] for _, c in records],
+        "per_rank_ring_bytes_per_step": [c["comm/ring_bytes_per_step"] for _, c in records],
+    }

@@ -1,0 +1,275 @@
+"""The files of a checkpoint: layout, atomic writes, checksums, manifest, listing, pruning.
+
+No ``torch.distributed`` here: everything works on a plain folder, so ``subnetdp export`` and
+``subnetdp eval`` read checkpoints without starting any process.
+
+Layout of one checkpoint (``<run>/checkpoints/step_00000040/``)::
+
+    rank00000.safetensors   what rank 0 owns: model pieces, optimizer state, its RNG states
+    rank00001.safetensors   ...
+    manifest.json           written last: step, world, plan, config, sha256 of every file
+
+Tensor names inside a rank file: ``model/<piece>``, ``optim/<state>/<piece>`` (state tensors
+shaped like their parameter, e.g. ``exp_avg``), ``optim_scalar/<state>/<key>`` (e.g. ``step``)
+and ``rng/<generator>``. A *piece* is a full-model state key, or ``key@dim:start:stop`` for a
+slice of it (see ``SubnetDataParallel.shard_state``).
+
+[Note: atomic checkpoints]
+Ranks write into a staging folder ``.step_<N>.partial``; each file is fsynced; rank 0 then
+writes the manifest (with every file's size and sha256), fsyncs the folder and renames it to
+``step_<N>``. A checkpoint without a manifest does not exist for readers, so a crash at any
+moment leaves the previous checkpoints intact and never exposes half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT = "subnetdp-checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+_SLICE = re.compile(r"^(?P<key>.+)@(?P<dim>\d+):(?P<start>\d+):(?P<stop>\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, damaged or does not fit this run; the message says what to do."""
+
+
+# -- layout -----------------------------------------------------------------------------------
+def checkpoints_root(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def staging_dir(root: Path, step: int) -> Path:
+    return root / f".step_{step:08d}.partial"
+
+
+def shard_name(rank: int) -> str:
+    return f"rank{rank:05d}.safetensors"
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints (those with a manifest) under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint folder from a run folder (its latest checkpoint), a ``checkpoints`` folder
+    or a ``step_<N>`` folder. Raises ``CheckpointError`` saying what was found instead."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p} does not exist; pass a run folder (runs/NAME) or one of "
+                              "its checkpoints (runs/NAME/checkpoints/step_00000040)")
+    if (p / MANIFEST).is_file():
+        return p
+    if _STEP_DIR.match(p.name):
+        raise CheckpointError(f"{p} has no {MANIFEST}: the checkpoint was never completed "
+                              "(the run stopped while writing it); use an earlier one")
+    for root in (checkpoints_root(p), p):
+        found = list_checkpoints(root)
+        if found:
+            return found[-1]
+    raise CheckpointError(f"{p} holds no complete checkpoint; train with --ckpt-every N to "
+                          "write checkpoints")
+
+
+# -- writing ----------------------------------------------------------------------------------
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or new entry in ``path`` durable (the folder's own metadata)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> dict[
+    str, Any
+]:
+    """Write one rank's file, fsync it and return its manifest entry (size, sha256)."""
+    save_file(tensors, str(path), metadata=metadata)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def write_json_durable(path: Path, obj: Any) -> None:
+    """``obj`` as JSON at ``path`` through a temporary name, fsync and rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def publish(staging: Path, final: Path) -> None:
+    """Rename a finished staging folder to its final name (see [Note: atomic checkpoints]).
+
+    A folder already at ``final`` (the same step written by an earlier attempt, e.g. a run
+    resumed from an older checkpoint) is first moved aside, so at every moment one complete
+    checkpoint of that step exists, and only then deleted."""
+    fsync_dir(staging)
+    old = final.with_name(f".{final.name}.old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(staging, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints, and what crashed attempts left
+    (staging folders, folders without a manifest); return the checkpoints deleted. Call it
+    only while no checkpoint is being written (rank 0, right after ``publish``)."""
+    doomed = list_checkpoints(root)[:-keep] if keep > 0 else []
+    for p in doomed:
+        # Removing the manifest first makes a half-deleted folder read as incomplete.
+        (p / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(p, ignore_errors=True)
+    for p in root.iterdir():
+        stale = p.name.startswith(".step_") or (_STEP_DIR.match(p.name) and not
+                                                 (p / MANIFEST).is_file())
+        if stale and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+# -- reading ----------------------------------------------------------------------------------
+def read_manifest(ckpt: Path) -> dict[str, Any]:
+    path = ckpt / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; {ckpt} is not a complete checkpoint") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is damaged (not valid JSON: {e}); use an earlier "
+                              "checkpoint") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a subnetdp checkpoint manifest")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(f"{path} has format version {manifest.get('version')}; this "
+                              f"subnetdp reads version {VERSION}")
+    return manifest
+
+
+def verify_files(ckpt: Path, manifest: dict[str, Any], names: list[str] | None = None) -> None:
+    """Check that each listed file exists with the manifest's size and sha256."""
+    files: dict[str, dict[str, Any]] = manifest["files"]
+    for name in files if names is None else names:
+        path, want = ckpt / name, files[name]
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} is missing; the checkpoint is "
+                                  "incomplete, use an earlier one")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise CheckpointError(
+                f"checkpoint file {path} is {size} bytes but the manifest says "
+                f"{want['bytes']}: it is truncated or damaged; use an earlier checkpoint")
+        if sha256_file(path) != want["sha256"]:
+            raise CheckpointError(
+                f"checkpoint file {path} does not match its sha256 checksum in the manifest: "
+                "it is corrupt; use an earlier checkpoint")
+
+
+class ShardReader(Mapping[str, torch.Tensor]):
+    """The union of the tensors under ``prefix`` in a checkpoint's rank files, read lazily.
+
+    Only the tensors a caller asks for are read (safetensors maps the file), so a worker loads
+    just the pieces it holds."""
+
+    def __init__(self, ckpt: Path, names: list[str], prefix: str) -> None:
+        self._files: dict[str, Any] = {}
+        self._where: dict[str, tuple[str, str]] = {}
+        for name in names:
+            path = ckpt / name
+            try:
+                handle = safe_open(str(path), framework="pt")
+            except Exception as e:  # safetensors raises its own error types for bad headers
+                raise CheckpointError(f"checkpoint file {path} cannot be read ({e}): it is "
+                                      "truncated or corrupt; use an earlier checkpoint") from e
+            self._files[name] = handle
+            for full in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if full.startswith(prefix):
+                    self._where[full[len(prefix):]] = (name, full)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        name, full = self._where[key]
+        return self._files[name].get_tensor(full)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def metadata(self, name: str) -> dict[str, str]:
+        return dict(self._files[name].metadata() or {})
+
+
+def split_piece(piece: str) -> tuple[str, tuple[int, int, int] | None]:
+    """``"w@0:4:8"`` -> ``("w", (0, 4, 8))``; a whole entry -> ``(key, None)``."""
+    m = _SLICE.match(piece)
+    if m is None:
+        return piece, None
+    return m["key"], (int(m["dim"]), int(m["start"]), int(m["stop"]))
+
+
+_DTYPES = {str(t): t for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                               torch.int64, torch.int32, torch.uint8, torch.bool)}
+
+
+def assemble_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The full model's state dict (keys in the model's own order) from all ranks' pieces."""
+    pieces = ShardReader(ckpt, list(manifest["files"]), "model/")
+    by_key: dict[str, list[tuple[str, tuple[int, int, int] | None]]] = {}
+    for piece in pieces:
+        key, where = split_piece(piece)
+        by_key.setdefault(key, []).append((piece, where))
+    out: dict[str, torch.Tensor] = {}
+    for key, shape, dtype in manifest["model_state"]:
+        found = by_key.get(key)
+        if not found:
+            raise CheckpointError(f"the checkpoint {ckpt} has no piece of {key!r}; it is "
+                                  "incomplete")
+        full = torch.empty(shape, dtype=_DTYPES.get(dtype, torch.float32))
+        covered = 0
+        for piece, where in found:
+            t = pieces[piece]
+            view = full if where is None else full.narrow(where[0], where[1], where[2] - where[1])
+            view.copy_(t)
+            covered += t.numel()
+        if covered != full.numel():
+            raise CheckpointError(f"the pieces of {key!r} in {ckpt} cover {covered} of "
+                                  f"{full.numel()} values; the checkpoint is incomplete")
+        out[key] = full
+    return out

@@ -1,0 +1,39 @@
+"""The memory-budget planner's search and ranking (with a stand-in estimator: fast)."""
+
+from __future__ import annotations
+
+from subnetdp.bench.budget import format_options, plan_budget
+from subnetdp.bench.strategies import BenchSpec
+from subnetdp.cli import main
+
+BASE = BenchSpec(recipe="llama-tiny", strategy="ddp", world=4, batch=1, seq=32)
+COST = {"ddp": 100, "ddp+ac": 80, "fsdp": 60, "fsdp+ac": 40}
+
+
+def fake_estimator(spec: BenchSpec) -> int:
+    if spec.strategy in COST:
+        return COST[spec.strategy]
+    return int(20 + 100 * spec.coverage)  # grows with coverage
+
+
+def test_ranks_fitting_options_by_coverage_then_traffic() -> None:
+    opts = plan_budget(BASE, 70e-9, estimator=fake_estimator)  # 70 bytes
+    fits = [o for o in opts if o.fits]
+    # full-model options first (coverage 1), equal traffic: the smaller peak first
+    assert [o.spec.strategy for o in fits[:2]] == ["fsdp+ac", "fsdp"]
+    sdp = next(o for o in fits if o.spec.strategy == "b-sdp")
+    assert sdp.spec.coverage == 0.5  # 8 blocks: k=4 costs 70, k=5 costs 82
+    assert all(o.peak_bytes <= 70 for o in fits)
+    assert all(not o.fits for o in opts[len(fits):])
+    assert "fits" in format_options(opts, BASE, 70e-9)
+
+
+def test_nothing_fits_is_reported() -> None:
+    opts = plan_budget(BASE, 1e-9, estimator=fake_estimator)
+    assert not any(o.fits for o in opts)
+    assert "nothing fits" in format_options(opts, BASE, 1e-9)
+
+
+def test_plan_memory_budget_needs_a_model(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", "--world", "4", "--memory-gb", "1"]) == 2
+    assert "--model" in capsys.readouterr().err
