@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The raw command line, for commands that must know which options were given explicitly
+    # (a resumed run refuses any it cannot honour, even one equal to its default).
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "train":
         from subnetdp.commands import train_cmd
 

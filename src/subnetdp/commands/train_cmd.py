@@ -91,13 +91,25 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _explicit_options(args: argparse.Namespace) -> set[str]:
-    """Options given on the command line (their value differs from the parser's default)."""
-    p = argparse.ArgumentParser()
+    """Options given on the command line, even those equal to their default.
+
+    The command line is parsed again with every default suppressed, so only the options that
+    appear in it come back. Without the raw command line (``args`` built by hand), fall back
+    to the options whose value differs from the parser's default."""
+    p = argparse.ArgumentParser(add_help=False)
     add_train_arguments(p)
-    defaults = vars(p.parse_args([]))
-    explicit = {k for k, v in vars(args).items() if k in defaults and v != defaults[k]}
-    if getattr(args, "out", None) is not None:
-        explicit.add("out")
+    p.add_argument("--out")
+    argv = getattr(args, "argv", None)
+    if argv is not None:
+        for action in p._actions:
+            action.default = argparse.SUPPRESS
+        given, _ = p.parse_known_args(argv)
+        explicit = set(vars(given))
+    else:
+        defaults = vars(p.parse_args([]))
+        explicit = {k for k, v in vars(args).items() if k in defaults and v != defaults[k]}
+        if getattr(args, "out", None) is not None:
+            explicit.add("out")
     return {"model_args" if k == "model_arg" else k for k in explicit}
 
 
