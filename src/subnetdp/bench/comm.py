@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from subnetdp.bench.strategies import BenchSpec, make_bench_plan, meta_model
-from subnetdp.metrics.comm import group_key, ring_bytes
+from subnetdp.metrics.comm import allreduce_record, group_key
 from subnetdp.plan import Plan
 from subnetdp.subnet.units import unit_modules
 
@@ -42,16 +42,7 @@ def _allreduce_rank(plan: Plan, rank: int, width: int) -> dict[str, Any]:
         holders = tuple(plan.holders(u))
         if len(holders) >= 2:
             groups[holders] = groups.get(holders, 0) + plan.units[u].size * width
-    by_group = {group_key(k): {"size": len(k), "payload": float(v),
-                               "ring": ring_bytes(v, len(k))} for k, v in sorted(groups.items())}
-    payload = sum(g["payload"] for g in by_group.values())
-    ring = sum(g["ring"] for g in by_group.values())
-    return {
-        "comm/bytes_per_step": payload,
-        "comm/ring_bytes_per_step": ring,
-        "by_collective": {"all_reduce": {"payload": payload, "ring": ring}} if by_group else {},
-        "by_group": by_group,
-    }
+    return allreduce_record({k: float(v) for k, v in groups.items()})
 
 
 def _padded_numel(shape: tuple[int, ...], world: int) -> int:

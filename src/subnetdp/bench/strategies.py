@@ -134,12 +134,10 @@ def meta_model(spec: BenchSpec) -> tuple[Recipe, nn.Module]:
 def make_bench_plan(spec: BenchSpec, model: nn.Module, recipe: Recipe) -> Plan:
     """The plan of an SDP spec; baselines get the everyone-holds-everything block plan."""
     if spec.strategy in ("n-sdp", "nb-sdp"):
-        from subnetdp.plan import make_layered_plan
-        from subnetdp.subnet.neurons import describe_neuron_units
+        from subnetdp.subnet.neurons import make_neuron_plan
 
-        units, shared, layers = describe_neuron_units(model, recipe.adapter, groups=spec.world)
-        return make_layered_plan(world=spec.world, units=units, layers=layers,
-                                 coverage=spec.coverage, seed=spec.seed, shared_size=shared)
+        return make_neuron_plan(model, recipe.adapter, world=spec.world,
+                                coverage=spec.coverage, seed=spec.seed)
     units, shared = describe_units(model, recipe.adapter)
     coverage = spec.coverage if spec.is_sdp else 1.0
     return make_plan(world=spec.world, units=units, coverage=coverage, seed=spec.seed,

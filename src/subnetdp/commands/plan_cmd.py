@@ -15,13 +15,13 @@ import json
 import sys
 from typing import Any
 
+from subnetdp.commands.options import add_neuron_arguments
 from subnetdp.plan import (
     Plan,
     PlanError,
     Unit,
     diagnostics,
     explicit_plan,
-    make_layered_plan,
     make_plan,
     units_for_coverage,
     worker_bytes,
@@ -46,12 +46,7 @@ def add_parser(subparsers: Any) -> None:
                    default="b-sdp",
                    help="units are blocks (b-sdp, bb-sdp) or neuron groups of every layer pair "
                         "(n-sdp, nb-sdp; needs --model); bb/nb: backward masking bytes")
-    p.add_argument("--neuron-groups", type=int, default=None,
-                   help="n-sdp: groups per layer pair (default: --world)")
-    p.add_argument("--neuron-kinds", default=None,
-                   help="n-sdp: pair kinds to split, e.g. ffn,heads (default: all)")
-    p.add_argument("--rotate", action="store_true",
-                   help="n-sdp: rotate each layer's spread window by the layer index")
+    add_neuron_arguments(p)
     p.add_argument(
         "--explicit",
         metavar="FILE",
@@ -113,7 +108,7 @@ def _neuron_plan(args: argparse.Namespace) -> Plan:
     import torch
 
     from subnetdp.models import get_recipe
-    from subnetdp.subnet.neurons import describe_neuron_units
+    from subnetdp.subnet.neurons import make_neuron_plan
 
     if args.model is None or args.world is None or args.coverage is None:
         raise PlanError("--strategy n-sdp needs --model NAME, --world N and --coverage C")
@@ -123,13 +118,10 @@ def _neuron_plan(args: argparse.Namespace) -> Plan:
     recipe = get_recipe(args.model)
     with torch.device("meta"):
         model = recipe.build_model()
-    kinds = args.neuron_kinds.split(",") if args.neuron_kinds else None
-    units, shared, layers = describe_neuron_units(
-        model, recipe.adapter, groups=args.neuron_groups or args.world, kinds=kinds
-    )
-    return make_layered_plan(world=args.world, units=units, layers=layers,
-                             coverage=args.coverage, scheme=args.scheme or "spread",
-                             seed=args.seed, shared_size=shared, rotate=args.rotate)
+    return make_neuron_plan(model, recipe.adapter, world=args.world, coverage=args.coverage,
+                            scheme=args.scheme or "spread", seed=args.seed,
+                            groups=args.neuron_groups, kinds=args.neuron_kinds,
+                            rotate=args.rotate)
 
 
 def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from subnetdp.commands.options import add_neuron_arguments
 from subnetdp.train.config import STRATEGIES, TrainConfig
 
 
@@ -23,12 +24,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of units (blocks for b-sdp, neuron groups of every layer "
                         "for n-sdp) each worker holds")
     p.add_argument("--scheme", default=d.scheme, choices=("spread", "random"))
-    p.add_argument("--neuron-groups", type=int, default=None,
-                   help="n-sdp: groups per layer pair (default: the world size)")
-    p.add_argument("--neuron-kinds", default=None,
-                   help="n-sdp: pair kinds to split, e.g. ffn or ffn,heads (default: all)")
-    p.add_argument("--rotate", action="store_true",
-                   help="n-sdp: rotate each layer's spread window by the layer index")
+    add_neuron_arguments(p)
     p.add_argument("--output-scaling", default=d.output_scaling, choices=("none", "keep"),
                    help="n-sdp: scale kept hidden units by 1/keep-rate while training "
                         "(default: keep for n-sdp)")

@@ -40,8 +40,14 @@ def comm_record(model: Any, counter: Any, *, steps: int, world: int) -> dict[str
         groups = {tuple(k): v / steps for k, v in stats.by_group.items()}
     elif counter is not None and world > 1:
         groups = {tuple(range(world)): counter.total_bytes / steps}
+    return allreduce_record(groups)
+
+
+def allreduce_record(groups: dict[tuple[int, ...], float]) -> dict[str, Any]:
+    """The record of all-reduces of ``groups[ranks]`` payload bytes per step over each group
+    (``comm_record`` from counted bytes, ``bench.comm`` from the plan)."""
     by_group = {
-        group_key(k): {"size": len(k), "payload": v, "ring": ring_bytes(v, len(k))}
+        group_key(k): {"size": len(k), "payload": float(v), "ring": ring_bytes(v, len(k))}
         for k, v in sorted(groups.items())
     }
     payload = sum(g["payload"] for g in by_group.values())

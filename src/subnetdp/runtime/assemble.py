@@ -17,6 +17,11 @@ from subnetdp.runtime.groups import HolderGroups
 from subnetdp.subnet.pieces import LocalPiece, Piece
 
 
+def holders_of(plan: Plan, unit: int | None) -> tuple[int, ...]:
+    """A unit's holders; everyone for shared pieces (``unit is None``)."""
+    return tuple(range(plan.world)) if unit is None else tuple(plan.holders(unit))
+
+
 def owns(piece: Piece, plan: Plan, rank: int) -> bool:
     """Whether ``rank`` is the piece's owner: its unit's lowest-ranked holder; rank 0 for
     shared pieces. Over all ranks, owners cover the full model exactly once."""
@@ -115,7 +120,7 @@ def sync_buffers(
     floats = {k: b for k, b in buffers.items() if b.is_floating_point()}
     by_unit = _per_unit(floats, local)
     for u in [*range(plan.num_units), None]:
-        holders = tuple(range(plan.world)) if u is None else tuple(plan.holders(u))
+        holders = holders_of(plan, u)
         if rank not in holders or len(holders) < 2 or u not in by_unit:
             continue
         views = by_unit[u]
@@ -142,7 +147,7 @@ def broadcast_from_owners(
     by_unit = _per_unit(tensors, local)
     with torch.no_grad():
         for u in [None, *range(plan.num_units)]:
-            holders = tuple(range(plan.world)) if u is None else tuple(plan.holders(u))
+            holders = holders_of(plan, u)
             if rank not in holders or len(holders) < 2:
                 continue
             src = 0 if u is None else plan.owner(u)

@@ -136,6 +136,9 @@ class SubnetDataParallel(nn.Module):
             bucket_cap_bytes=int(bucket_cap_mb * 2**20),
             external=self.trainable.external,
         )
+        # The trainable pieces this rank owns: each counted once in the full model's grad norm.
+        self._owned = [(p, lp) for key, p in self.trainable.params.items()
+                       for lp in self.trainable.local[key] if owns(lp.piece, self.plan, self.rank)]
         self.refresh_every = refresh_every
         self.refresher = (
             Refresher(dict(module.named_parameters()), self.local, plan, rank=self.rank)
@@ -226,13 +229,7 @@ class SubnetDataParallel(nn.Module):
         counted once, by its owner (rank 0 for shared ones), and one scalar all-reduce over the
         world gives every rank the same norm and the same clip factor.
         """
-        grads = [
-            lp.view(g)
-            for key, p in self.trainable.params.items()
-            if (g := p.grad) is not None
-            for lp in self.trainable.local[key]
-            if owns(lp.piece, self.plan, self.rank)
-        ]
+        grads = [lp.view(g) for p, lp in self._owned if (g := p.grad) is not None]
         device = next(self.module.parameters()).device
         sq = torch.zeros((), dtype=torch.float32, device=device)
         if grads:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from subnetdp.plan import PlanError, Unit
+from subnetdp.plan import Plan, PlanError, Unit, make_layered_plan
 from subnetdp.subnet.adapter import NeuronPair, UnitAdapter
 
 
@@ -117,6 +117,30 @@ def describe_neuron_units(
     layer_of = {p.name: i for i, p in enumerate(pairs)}
     total = sum(p.numel() for p in model.parameters())
     return units, total - sum(u.size for u in units), [layer_of[g.pair.name] for g in found]
+
+
+def make_neuron_plan(
+    model: nn.Module,
+    adapter: UnitAdapter,
+    *,
+    world: int,
+    coverage: float,
+    scheme: str = "spread",
+    seed: int = 0,
+    groups: int | None = None,
+    kinds: str | Collection[str] | None = None,
+    rotate: bool = False,
+) -> Plan:
+    """The neuron-level plan of a model: ``groups`` per layer pair (default: ``world``), of the
+    pair ``kinds`` given as a list or a comma-separated string (default: all), each worker
+    holding round(coverage·G) groups of every pair (``make_layered_plan``)."""
+    if isinstance(kinds, str):
+        kinds = [k for k in kinds.split(",") if k]
+    units, shared, layers = describe_neuron_units(
+        model, adapter, groups=groups or world, kinds=kinds or None
+    )
+    return make_layered_plan(world=world, units=units, layers=layers, coverage=coverage,
+                             scheme=scheme, seed=seed, shared_size=shared, rotate=rotate)
 
 
 _GROUP_NAME = re.compile(r"^(?P<pair>.+)\[(?P<g>\d+)\]$")

@@ -14,10 +14,10 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from subnetdp.models import Recipe
-from subnetdp.plan import Plan, make_layered_plan, make_plan
+from subnetdp.plan import Plan, make_plan
 from subnetdp.runtime import SubnetDataParallel
 from subnetdp.subnet.build import build_full_model
-from subnetdp.subnet.neurons import describe_neuron_units
+from subnetdp.subnet.neurons import make_neuron_plan
 from subnetdp.subnet.units import describe_units
 from subnetdp.train.config import TrainConfig
 
@@ -48,13 +48,9 @@ def build_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -
         plan.validate(world)
         return plan
     if cfg.strategy in ("n-sdp", "nb-sdp"):
-        kinds = cfg.neuron_kinds.split(",") if cfg.neuron_kinds else None
-        nunits, nshared, layers = describe_neuron_units(
-            model, recipe.adapter, groups=cfg.neuron_groups or world, kinds=kinds
-        )
-        return make_layered_plan(world=world, units=nunits, layers=layers,
-                                 coverage=cfg.coverage, scheme=cfg.scheme, seed=cfg.seed,
-                                 shared_size=nshared, rotate=cfg.rotate)
+        return make_neuron_plan(model, recipe.adapter, world=world, coverage=cfg.coverage,
+                                scheme=cfg.scheme, seed=cfg.seed, groups=cfg.neuron_groups,
+                                kinds=cfg.neuron_kinds, rotate=cfg.rotate)
     units, shared = describe_units(model, recipe.adapter)
     coverage = 1.0 if cfg.strategy == "ddp" else cfg.coverage
     return make_plan(world=world, units=units, coverage=coverage, scheme=cfg.scheme,
