@@ -152,3 +152,12 @@ def test_plan_command_nsdp(capsys) -> None:
     assert main(["plan", "--world", "4", "--units", "8", "--strategy", "n-sdp",
                  "--coverage", "0.5"]) == 2
     assert "needs --model" in capsys.readouterr().err
+
+
+def test_default_groups_make_coverage_exact() -> None:
+    from subnetdp.subnet.neurons import default_groups
+
+    assert default_groups(4, 0.5) == 4
+    assert default_groups(4, 0.375) == 8  # 3 of 8, not round(1.5) = 2 of 4 (C = 0.5)
+    assert default_groups(4, 0.75) == 4
+    assert default_groups(8, 0.69) == 8  # no multiple up to 4x is exact: the world size

@@ -8,7 +8,8 @@ import argparse
 def add_neuron_arguments(p: argparse.ArgumentParser) -> None:
     """How n-sdp / nb-sdp split each layer pair (``subnet.neurons.make_neuron_plan``)."""
     p.add_argument("--neuron-groups", type=int, default=None,
-                   help="n-sdp/nb-sdp: groups per layer pair (default: the world size)")
+                   help="n-sdp/nb-sdp: groups per layer pair (default: the world size, or "
+                        "its smallest multiple that makes coverage x groups whole)")
     p.add_argument("--neuron-kinds", default=None,
                    help="n-sdp/nb-sdp: pair kinds to split, e.g. ffn or ffn,heads "
                         "(default: all)")

@@ -18,14 +18,17 @@ class HolderGroups:
     GPUs, memory), which is why plan schemes keep the number of distinct holder sets small.
     """
 
-    def __init__(self, holder_sets: Sequence[tuple[int, ...]], *, world: int) -> None:
+    def __init__(
+        self, holder_sets: Sequence[tuple[int, ...]], *, world: int, singletons: bool = False
+    ) -> None:
+        """``singletons``: also make groups for one-rank sets (FSDP needs a mesh even there)."""
         self.world = world
         self._everyone = tuple(range(world))
         self._groups: dict[tuple[int, ...], ProcessGroup | None] = {}
         self.created = 0  # new communicators made here (the default group is not counted)
         for ranks in holder_sets:
             ranks = tuple(sorted(ranks))
-            if ranks in self._groups or len(ranks) < 2:
+            if ranks in self._groups or len(ranks) < (1 if singletons else 2):
                 continue
             if ranks == self._everyone:
                 self._groups[ranks] = None  # default (world) group

@@ -133,6 +133,7 @@ class CommStats:
     # backward masking: parameter values sent from owners to non-holders (see runtime.refresh)
     last_refresh_bytes: int = 0
     total_refresh_bytes: int = 0
+    collective: str = "all_reduce"  # "fsdp": all-gathers + reduce-scatters (runtime.fsdp)
 
 
 class HolderReducer:

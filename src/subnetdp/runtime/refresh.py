@@ -62,22 +62,37 @@ class Refresher:
     @torch.no_grad()
     def refresh(self) -> int:
         """Exchange the pieces; returns the bytes this rank sent."""
-        ops, incoming = [], []
-        for dst in sorted(self.sends):
-            buf = torch.cat([v.reshape(-1) for v in self.sends[dst]])
+        exchange(self.sends, self.recvs)
+        return self.bytes_sent
+
+
+@torch.no_grad()
+def exchange(
+    sends: Mapping[int, Sequence[torch.Tensor]],
+    recvs: Mapping[int, Sequence[torch.Tensor]],
+    wire_dtype: torch.dtype | None = None,
+) -> None:
+    """One batch of point-to-point transfers: to each peer, its tensors packed in order into
+    one buffer; from each peer, one buffer unpacked into ``recvs[peer]`` (views, written in
+    place). Both sides list the same shapes in the same order. ``wire_dtype``: the buffers'
+    dtype (default: the tensors' own)."""
+    ops, incoming = [], []
+    for dst, tensors in sorted(sends.items()):
+        if sum(t.numel() for t in tensors):
+            dtype = wire_dtype or tensors[0].dtype
+            buf = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
             ops.append(dist.P2POp(dist.isend, buf, dst))
-        for src in sorted(self.recvs):
-            views = self.recvs[src]
-            buf = torch.empty(sum(v.numel() for v in views), dtype=views[0].dtype,
-                              device=views[0].device)
+    for src, views in sorted(recvs.items()):
+        n = sum(v.numel() for v in views)
+        if n:
+            buf = torch.empty(n, dtype=wire_dtype or views[0].dtype, device=views[0].device)
             ops.append(dist.P2POp(dist.irecv, buf, src))
             incoming.append((buf, views))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        for buf, views in incoming:
-            offset = 0
-            for v in views:
-                v.copy_(buf[offset : offset + v.numel()].view_as(v))
-                offset += v.numel()
-        return self.bytes_sent
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    for buf, views in incoming:
+        offset = 0
+        for v in views:
+            v.copy_(buf[offset : offset + v.numel()].view_as(v))
+            offset += v.numel()

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from subnetdp.plan import Plan, PlanError
 from subnetdp.runtime.assemble import (
@@ -18,15 +19,24 @@ from subnetdp.runtime.assemble import (
     shard,
     sync_buffers,
 )
+from subnetdp.runtime.checkpointing import checkpoint_blocks
+from subnetdp.runtime.fsdp import (
+    ShardRefresher,
+    local_full_state,
+    local_grad_sq_norm,
+    local_tensor,
+    shard_blocks,
+)
+from subnetdp.runtime.grouped import GroupedLayer, group_layers, ungroup_state
 from subnetdp.runtime.groups import HolderGroups
-from subnetdp.runtime.masking import backward_trainable, forward_trainable
+from subnetdp.runtime.masking import Trainable, backward_trainable, forward_trainable
 from subnetdp.runtime.reducer import CommStats, HolderReducer
 from subnetdp.runtime.refresh import Refresher
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.build import drop_units, is_on_meta, materialize, narrow_tensors
 from subnetdp.subnet.neurons import NeuronGroup, plan_groups, unit_size
 from subnetdp.subnet.pieces import full_pieces, local_pieces, local_slices, reduction_order
-from subnetdp.subnet.units import describe_units
+from subnetdp.subnet.units import describe_units, unit_modules
 
 STRATEGIES = ("b-sdp", "n-sdp", "bb-sdp", "nb-sdp")
 BACKWARD_MASKED = ("bb-sdp", "nb-sdp")  # full forward; gradients only for held units
@@ -64,7 +74,17 @@ class SubnetDataParallel(nn.Module):
         bucket_cap_mb: float = 25.0,
         output_scaling: str | None = None,
         refresh_every: int = 1,
+        fsdp: bool = False,
+        activation_checkpointing: bool = False,
+        param_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
     ) -> None:
+        """``fsdp``: shard each held unit over its holders (FSDP2) and shared parameters over
+        all workers (``runtime.fsdp``); ``activation_checkpointing``: recompute every block in
+        backward (``runtime.checkpointing``); ``param_dtype``: compute dtype (e.g. bf16) while
+        parameters, gradients and optimizer state stay fp32 (FSDP's mixed-precision policy
+        under ``fsdp``, ``torch.autocast`` otherwise); ``reduce_dtype``: the dtype gradients
+        are averaged in (FSDP only; default: fp32)."""
         super().__init__()
         if strategy not in STRATEGIES:
             raise ValueError(
@@ -80,6 +100,12 @@ class SubnetDataParallel(nn.Module):
             raise ValueError(f"refresh_every must be >= 1 (1 = exact), got {refresh_every}")
         if output_scaling != "none" and strategy != "n-sdp":
             raise ValueError("output_scaling applies to n-sdp only (forward-masked neurons)")
+        if fsdp and strategy == "nb-sdp":
+            raise ValueError("nb-sdp does not compose with fsdp: a partly held layer would need "
+                             "one FSDP mesh per neuron group; use n-sdp, b-sdp or bb-sdp")
+        if reduce_dtype is not None and not fsdp:
+            raise ValueError("reduce_dtype needs fsdp=True (the plain reducer averages in the "
+                             "gradients' own dtype, fp32)")
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before wrapping")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -113,20 +139,35 @@ class SubnetDataParallel(nn.Module):
             raise RuntimeError("internal: the local model's state keys do not match its pieces")
 
         everyone = tuple(range(self.world))
-        self.groups = HolderGroups([*plan.holder_sets(), everyone], world=self.world)
+        self.groups = HolderGroups([*plan.holder_sets(), everyone], world=self.world,
+                                   singletons=fsdp)
         if needs_broadcast:
             broadcast_from_owners(module.state_dict(), self.local, plan, self.groups,
                                   rank=self.rank)
+        if fsdp and strategy in NEURON_LEVEL:  # one sub-layer per neuron group (FSDP needs it)
+            group_layers(module, self.local)
         self._scaling_hooks = (
             _scale_kept_outputs(module, neuron_groups, self.held_units)
             if output_scaling == "keep" and neuron_groups else []
         )
+        if activation_checkpointing:  # before sharding: FSDP's hooks stay outside recompute
+            checkpoint_blocks(module, [name for name, m in unit_modules(module, adapter)
+                                       if any(True for _ in m.parameters())])
+        self.param_dtype = param_dtype
+        self.fsdp = fsdp
+        # (under fsdp, _compose_fsdp replaces it with the sharded parameters)
         self.trainable = (
             backward_trainable(module, self.local, set(self.held_units),
                                lambda sp: self.reducer.mark_ready(sp))
-            if self.backward_masked else forward_trainable(module, self.local)
+            if self.backward_masked else Trainable({}, {}) if fsdp
+            else forward_trainable(module, self.local)
         )
-        self.reducer = HolderReducer(
+        self._sync = True  # gradients are averaged in backward (False under no_sync)
+        self.refresh_every = refresh_every
+        if fsdp:
+            self._compose_fsdp(module, adapter, reduce_dtype, device)
+            return
+        self.reducer: HolderReducer = HolderReducer(
             self.trainable.params,
             self.trainable.local,
             reduction_order(self.pieces),
@@ -139,30 +180,100 @@ class SubnetDataParallel(nn.Module):
         # The trainable pieces this rank owns: each counted once in the full model's grad norm.
         self._owned = [(p, lp) for key, p in self.trainable.params.items()
                        for lp in self.trainable.local[key] if owns(lp.piece, self.plan, self.rank)]
-        self.refresh_every = refresh_every
-        self.refresher = (
+        self.stats = self.reducer.stats
+        self.refresher: Refresher | ShardRefresher | None = (
             Refresher(dict(module.named_parameters()), self.local, plan, rank=self.rank)
             if self.backward_masked else None
         )
         self._refreshed_through = 0  # reductions already followed by a refresh
 
+    def _compose_fsdp(
+        self, module: nn.Module, adapter: UnitAdapter, reduce_dtype: torch.dtype | None,
+        device: torch.device | str,
+    ) -> None:
+        """Shard held blocks over their holders and the rest over the world (runtime.fsdp)."""
+        held = set(self.held_units)
+        units = list(enumerate(unit_modules(module, adapter)))
+        if self.strategy in NEURON_LEVEL:  # the per-group parts of grouped layers
+            shardable = [(u, part) for layer in module.modules() if isinstance(layer, GroupedLayer)
+                         for u, part in zip(layer.units, layer.parts, strict=True)]
+        else:
+            shardable = [(u, block) for u, (_, block) in units if u in held]
+        frozen = [p for p in module.parameters() if not p.requires_grad]
+        if self.backward_masked and self.param_dtype is not None:
+            # non-held copies only ever run forward (in param_dtype): store them narrow
+            for u, (_, block) in units:
+                if u not in held:
+                    block.to(self.param_dtype)
+        # FSDP would reduce in param_dtype when reduce_dtype is None; we promise fp32
+        if reduce_dtype is None and self.param_dtype is not None:
+            reduce_dtype = torch.float32
+        stored = local_tensor(next(module.parameters())).dtype
+        self._wire = ((self.param_dtype or stored).itemsize, (reduce_dtype or stored).itemsize)
+        policy = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=reduce_dtype)
+        self.sharded, self.traffic = shard_blocks(
+            module, shardable, self.plan,
+            self.groups, device_type=torch.device(device).type, mp_policy=policy, frozen=frozen,
+            reshard_after_forward=self.strategy not in NEURON_LEVEL,  # [Note: neuron groups]
+        )
+        self.trainable = Trainable(
+            {k: p for k, p in module.named_parameters() if p.requires_grad}, {}
+        )
+        self.stats = CommStats(collective="fsdp")
+        self.refresher = (
+            ShardRefresher([(u, block) for u, (_, block) in units], self.plan, rank=self.rank)
+            if self.backward_masked else None
+        )
+        self._refreshed_through = 0
+
     # -- the DDP surface ------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.refresher is not None:
+        if self.backward_masked:
             self._maybe_refresh()
+        if self.fsdp:
+            out = self.module(*args, **kwargs)
+            if torch.is_grad_enabled() and self._sync:
+                _on_backward_end(out, self._count_reduction)
+            return out
         if torch.is_grad_enabled() and self.reducer.enabled:
             self.reducer.attach_grad_views()
+        if self.param_dtype is not None:
+            with torch.autocast(next(self.module.parameters()).device.type,
+                                dtype=self.param_dtype):
+                return self.module(*args, **kwargs)
         return self.module(*args, **kwargs)
+
+    def _count_reduction(self) -> None:
+        """End of a synced backward under fsdp: count the step and its FSDP traffic (payload
+        bytes from the unsharded sizes, without FSDP's padding to a multiple of the mesh size,
+        and the gathered and reduced dtypes: all-gathers and the reduce-scatter)."""
+        self.stats.reductions += 1
+        step = 0
+        for t in self.traffic:
+            b = t.bytes(*self._wire)
+            if b:
+                self.stats.by_group[t.ranks] = self.stats.by_group.get(t.ranks, 0) + b
+                step += b
+        self.stats.last_step_bytes = step
+        self.stats.total_bytes += step
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally (gradient accumulation); the next backward outside
         this context reduces the accumulated sum."""
-        prev, self.reducer.enabled = self.reducer.enabled, False
+        prev, self._sync = self._sync, False
+        self._set_sync(False)
         try:
             yield
         finally:
-            self.reducer.enabled = prev
+            self._sync = prev
+            self._set_sync(prev)
+
+    def _set_sync(self, on: bool) -> None:
+        if self.fsdp:
+            self.sharded[-1].set_requires_gradient_sync(on)  # the root; recurses
+        else:
+            self.reducer.enabled = on
 
     def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
@@ -178,17 +289,18 @@ class SubnetDataParallel(nn.Module):
     # -- what subnetdp adds ---------------------------------------------------------------
     @property
     def comm_stats(self) -> CommStats:
-        return self.reducer.stats
+        return self.stats
 
     @property
     def params_held(self) -> int:
-        """Parameter elements this rank stores (under backward masking: the full model)."""
-        return sum(p.numel() for p in self.module.parameters())
+        """Parameter elements this rank stores (under backward masking: the full model; under
+        fsdp: its shards)."""
+        return sum(local_tensor(p).numel() for p in self.module.parameters())
 
     @property
     def params_trained(self) -> int:
         """Parameter elements this rank trains (with gradients and optimizer state)."""
-        return sum(p.numel() for p in self.trainable.params.values())
+        return sum(local_tensor(p).numel() for p in self.trainable.params.values())
 
     def tracked_modules(self) -> list[nn.Module]:
         """Modules whose parameters a memory tracker must count: the local model, and under
@@ -199,6 +311,8 @@ class SubnetDataParallel(nn.Module):
 
     def grad_buffers(self) -> list[torch.Tensor]:
         """The reducer's flat gradient buffers (parameters' ``.grad`` are views into them)."""
+        if self.fsdp:
+            return []
         return [b.buffer for b in self.reducer.buckets if b.buffer is not None]
 
     @torch.no_grad()
@@ -210,13 +324,13 @@ class SubnetDataParallel(nn.Module):
         if self.refresher is None:
             return 0
         sent = self.refresher.refresh()
-        self.reducer.stats.last_refresh_bytes = sent
-        self.reducer.stats.total_refresh_bytes += sent
-        self._refreshed_through = self.reducer.stats.reductions
+        self.stats.last_refresh_bytes = sent
+        self.stats.total_refresh_bytes += sent
+        self._refreshed_through = self.stats.reductions
         return sent
 
     def _maybe_refresh(self) -> None:
-        n = self.reducer.stats.reductions
+        n = self.stats.reductions
         if n > self._refreshed_through and n % self.refresh_every == 0:
             self.refresh()
 
@@ -229,16 +343,20 @@ class SubnetDataParallel(nn.Module):
         counted once, by its owner (rank 0 for shared ones), and one scalar all-reduce over the
         world gives every rank the same norm and the same clip factor.
         """
-        grads = [lp.view(g) for p, lp in self._owned if (g := p.grad) is not None]
-        device = next(self.module.parameters()).device
-        sq = torch.zeros((), dtype=torch.float32, device=device)
-        if grads:
-            norms = torch._foreach_norm(grads)
-            sq = torch.stack([n.float() for n in norms]).square().sum()
+        device = local_tensor(next(self.module.parameters())).device
+        if self.fsdp:  # shards are disjoint: each element is on exactly one rank
+            sq = local_grad_sq_norm(self.trainable.params.values()).to(device)
+        else:
+            grads = [lp.view(g) for p, lp in self._owned if (g := p.grad) is not None]
+            sq = torch.zeros((), dtype=torch.float32, device=device)
+            if grads:
+                norms = torch._foreach_norm(grads)
+                sq = torch.stack([n.float() for n in norms]).square().sum()
         dist.all_reduce(sq)
         total = sq.sqrt()
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        all_grads = [p.grad for p in self.trainable.params.values() if p.grad is not None]
+        all_grads = [local_tensor(p.grad) for p in self.trainable.params.values()
+                     if p.grad is not None]
         if all_grads:
             torch._foreach_mul_(all_grads, coef.to(all_grads[0].dtype))
         return total
@@ -268,7 +386,11 @@ class SubnetDataParallel(nn.Module):
         holder it is; shared entries on rank 0), so the ranks' shards cover the full model
         exactly once. Values are contiguous CPU copies.
         """
-        src = dict(self.module.state_dict()) if tensors is None else dict(tensors)
+        if tensors is None:
+            src = (ungroup_state(self.module, local_full_state(self.module)) if self.fsdp
+                   else dict(self.module.state_dict()))
+        else:
+            src = dict(tensors)
         return shard(src, self.local, self.plan, rank=self.rank, owned_only=owned_only)
 
     @torch.no_grad()
@@ -280,6 +402,9 @@ class SubnetDataParallel(nn.Module):
         """Fill this rank's local tensors from full-coordinate pieces (the union of shards
         written by ``shard_state``). ``into`` maps local state keys to the tensors to fill
         (default: the module's own state). Raises ``KeyError`` naming the missing pieces."""
+        if self.fsdp:
+            raise NotImplementedError("loading shards into an fsdp-composed model is not built "
+                                      "yet; checkpoints need fsdp off")
         dst = dict(self.module.state_dict()) if into is None else dict(into)
         missing = [lp.piece.name for k in dst for lp in self.local[k]
                    if lp.piece.name not in entries]
@@ -357,9 +482,21 @@ def _scale_kept_outputs(
             if not isinstance(bias, torch.Tensor):
                 return out * s
             shape = [1] * out.ndim
-            shape[1 if isinstance(mod, nn.modules.conv._ConvNd) else -1] = -1
+            conv = isinstance(mod, nn.modules.conv._ConvNd)
+            shape[getattr(mod, "channel_dim", 1 if conv else -1)] = -1
             b = bias.view(shape)
             return (out - b) * s + b
 
         hooks.append(module.get_submodule(pair.down).register_forward_hook(hook))
     return hooks
+
+
+def _on_backward_end(out: Any, callback: Any) -> None:
+    """Run ``callback`` once when the backward pass through ``out`` finishes."""
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out)
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    if leaves:
+        def hook(grad: torch.Tensor) -> None:
+            torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+        leaves[0].register_hook(hook)

@@ -131,16 +131,27 @@ def make_neuron_plan(
     kinds: str | Collection[str] | None = None,
     rotate: bool = False,
 ) -> Plan:
-    """The neuron-level plan of a model: ``groups`` per layer pair (default: ``world``), of the
-    pair ``kinds`` given as a list or a comma-separated string (default: all), each worker
-    holding round(coverage·G) groups of every pair (``make_layered_plan``)."""
+    """The neuron-level plan of a model: ``groups`` per layer pair (default:
+    ``default_groups(world, coverage)``), of the pair ``kinds`` given as a list or a
+    comma-separated string (default: all), each worker holding round(coverage·G) groups of
+    every pair (``make_layered_plan``)."""
     if isinstance(kinds, str):
         kinds = [k for k in kinds.split(",") if k]
     units, shared, layers = describe_neuron_units(
-        model, adapter, groups=groups or world, kinds=kinds or None
+        model, adapter, groups=groups or default_groups(world, coverage), kinds=kinds or None
     )
     return make_layered_plan(world=world, units=units, layers=layers, coverage=coverage,
                              scheme=scheme, seed=seed, shared_size=shared, rotate=rotate)
+
+
+def default_groups(world: int, coverage: float) -> int:
+    """Groups per layer pair: the world size, or its smallest multiple (up to 4x) for which
+    coverage·G is a whole number of groups. With G = world = 4 and C = 0.375 each worker would
+    hold round(1.5) = 2 of 4 groups, i.e. C = 0.5, silently; G = 8 gives exactly 3 of 8."""
+    for m in range(1, 5):
+        if abs(coverage * m * world - round(coverage * m * world)) < 1e-9:
+            return m * world
+    return world
 
 
 _GROUP_NAME = re.compile(r"^(?P<pair>.+)\[(?P<g>\d+)\]$")

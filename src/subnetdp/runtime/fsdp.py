@@ -1,0 +1,192 @@
+"""SDP composed with FSDP2 (ZeRO-3 inside each holder group), method.md §7.
+
+Each held unit is sharded with ``fully_shard`` over a device mesh made from its holder group,
+so its parameters, gradients and optimizer state are split among exactly the workers that train
+it, and FSDP's reduce-scatter averages over that mesh, i.e. divides by the holder count. The
+shared parameters are sharded over the whole world by a last ``fully_shard`` on the root.
+Units held by one worker get a one-rank mesh: nothing to exchange, but FSDP still applies the
+mixed-precision policy to them.
+
+[Note: one global order]
+A collective over a holder group blocks until all its members reach it. Every rank walks its
+blocks in the model's order (forward) and in reverse (backward), the root's shared parameters
+first, so the collectives of any two ranks that share two groups occur in the same relative
+order, and no cycle of waits can form. This holds only without FSDP's backward prefetch,
+whose target (the previous block this rank holds) differs between ranks: it is turned off.
+The same argument covers ``full_tensor`` calls made in parameter order (assembly) and the
+refresh below, which is point to point in one batch.
+
+[Note: neuron groups]
+Under n-sdp the FSDP units are the per-group parts of a layer (``runtime.grouped``), not
+blocks. Their backward all-gathers would be issued when autograd reaches each part, and with
+activation checkpointing some from inside a block's recomputation, in an order that depends on
+which groups a rank holds: two ranks could meet two shared groups in opposite orders (we saw
+the deadlock). So parts are not resharded after forward: they stay gathered until their
+reduce-scatter, and backward issues reduce-scatters only. Parameters are then sharded between
+steps and gathered during one (ZeRO-2-like within a step); gradients and optimizer state,
+three quarters of the per-parameter bytes under AdamW, stay sharded.
+
+Backward masking (bb-sdp): non-held blocks stay whole and frozen on every worker (ignored by
+FSDP). Refresh is point to point from every holder's *shard*: holder i of a unit sends its
+FSDP shard (dim-0 chunk i) to each non-holder, which writes it into the same chunk of its
+frozen copy. Traffic equals the owner-sends-all refresh of the plain runtime, spread over
+holders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from subnetdp.plan import Plan
+from subnetdp.runtime.groups import HolderGroups
+from subnetdp.runtime.refresh import exchange
+
+
+def holder_mesh(groups: HolderGroups, ranks: tuple[int, ...], device_type: str) -> DeviceMesh:
+    pg = groups.group(ranks)
+    world = dist.distributed_c10d._get_default_group()
+    # A mesh's rank table must be a real tensor, also when built inside FakeTensorMode
+    # (bench.estimate); outside fake mode this context does nothing.
+    with unset_fake_temporarily():
+        return DeviceMesh.from_group(pg if pg is not None else world, device_type)
+
+
+@dataclass(frozen=True)
+class GroupTraffic:
+    """What one FSDP module moves per training step over its mesh (payload bytes: the
+    unsharded tensors each collective produces or consumes)."""
+
+    ranks: tuple[int, ...]
+    numel: int  # parameter elements, unsharded
+    gathers: int  # all-gathers per step: 2 when resharded after forward (re-gathered for
+    # backward), 1 for the root, which FSDP keeps unsharded until backward
+
+    def bytes(self, param_bytes: int, reduce_bytes: int) -> int:
+        if len(self.ranks) < 2:
+            return 0
+        return self.numel * (self.gathers * param_bytes + reduce_bytes)
+
+
+def shard_blocks(
+    module: nn.Module,
+    blocks: Sequence[tuple[int, nn.Module]],
+    plan: Plan,
+    groups: HolderGroups,
+    *,
+    device_type: str,
+    mp_policy: MixedPrecisionPolicy,
+    frozen: Iterable[nn.Parameter] = (),
+    reshard_after_forward: bool = True,
+) -> tuple[list[FSDPModule], list[GroupTraffic]]:
+    """``fully_shard`` each ``(unit, block)`` over its holders' mesh, in unit order, then the
+    root over the world (everything left: the shared parameters). ``frozen`` parameters (non-held
+    units under backward masking) stay whole and local. ``reshard_after_forward=False`` keeps
+    each block gathered from its forward to its backward ([Note: neuron groups]). Returns the
+    FSDP modules, root last, and their per-step traffic."""
+    sharded: list[FSDPModule] = []
+    traffic: list[GroupTraffic] = []
+    ignored = set(frozen)
+    in_blocks = 0
+    for u, block in sorted(blocks, key=lambda b: b[0]):  # [Note: one global order]
+        numel = sum(p.numel() for p in block.parameters())
+        in_blocks += numel
+        traffic.append(GroupTraffic(plan.holders(u), numel,
+                                    gathers=2 if reshard_after_forward else 1))
+        mesh = holder_mesh(groups, plan.holders(u), device_type)
+        fsdp_block = fully_shard(block, mesh=mesh, mp_policy=mp_policy,
+                                 reshard_after_forward=reshard_after_forward)
+        # FSDP's default backward prefetch all-gathers the previous block *this rank* holds
+        # before reduce-scattering the current one; ranks holding different blocks would then
+        # meet two shared groups in opposite orders and deadlock. Prefetching itself (already
+        # all-gathered: a no-op) turns it off.
+        fsdp_block.set_modules_to_backward_prefetch([fsdp_block])
+        sharded.append(fsdp_block)
+    everyone = tuple(range(plan.world))
+    rest = sum(p.numel() for p in module.parameters()) - in_blocks - sum(
+        p.numel() for p in ignored)
+    traffic.append(GroupTraffic(everyone, rest, gathers=1))
+    world = holder_mesh(groups, everyone, device_type)
+    sharded.append(fully_shard(module, mesh=world, mp_policy=mp_policy,
+                               ignored_params=ignored or None))
+    return sharded, traffic
+
+
+def local_full_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s state with every sharded parameter gathered whole (collective over each
+    parameter's mesh, in parameter order: [Note: one global order])."""
+    out: dict[str, torch.Tensor] = {}
+    for key, t in module.state_dict().items():
+        out[key] = t.full_tensor() if isinstance(t, DTensor) else t
+    return out
+
+
+def local_grad_sq_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Sum of squared gradient entries that this rank stores. Shards of one parameter are
+    disjoint, so summing this over the world counts every gradient element exactly once."""
+    grads = [local_tensor(p.grad) for p in params if p.grad is not None]
+    grads = [g for g in grads if g.numel()]
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    return torch.stack([n.float() for n in torch._foreach_norm(grads)]).square().sum()
+
+
+def chunk_views(t: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """FSDP2's dim-0 split of ``t`` over ``n`` ranks (``torch.chunk``; trailing ranks may get
+    empty shards)."""
+    parts = list(torch.chunk(t, n, dim=0)) if t.ndim else [t.view(1)]
+    empty = t.new_empty((0, *t.shape[1:])) if t.ndim else t.new_empty(0)
+    return parts + [empty] * (n - len(parts))
+
+
+class ShardRefresher:
+    """Backward masking under FSDP: holders send their shards of each unit to non-holders.
+
+    ``units``: ``(unit, block)`` for every unit of the full local model, in unit order; held
+    blocks' parameters are FSDP ``DTensor`` shards, non-held ones plain frozen tensors.
+    """
+
+    def __init__(
+        self, units: Sequence[tuple[int, nn.Module]], plan: Plan, *, rank: int,
+        wire_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        # Holders send their master shards (wire_dtype); a frozen copy may be stored narrower.
+        self.rank, self.wire_dtype = rank, wire_dtype
+        self.sends: dict[int, list[nn.Parameter]] = {}
+        self.recvs: dict[int, list[torch.Tensor]] = {}
+        everyone = range(plan.world)
+        for u, block in units:
+            holders = plan.holders(u)
+            others = [r for r in everyone if r not in holders]
+            for p in block.parameters():
+                if rank in holders:  # the shard itself is read at refresh time (FSDP may
+                    for dst in others:  # re-point a DTensor's local tensor at lazy init)
+                        self.sends.setdefault(dst, []).append(p)
+                else:
+                    for src, view in zip(holders, chunk_views(p.detach(), len(holders)),
+                                         strict=True):
+                        self.recvs.setdefault(src, []).append(view)
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(local_tensor(p).numel() * self.wire_dtype.itemsize
+                   for ps in self.sends.values() for p in ps)
+
+    def refresh(self) -> int:
+        """One batch of point-to-point transfers; returns the bytes this rank sent."""
+        shards = {dst: [local_tensor(p) for p in ps] for dst, ps in self.sends.items()}
+        exchange(shards, self.recvs, self.wire_dtype)
+        return self.bytes_sent
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: a DTensor's local shard, anything else itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
