@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-done
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench study clean
 
 setup: $(STAMP)
 
@@ -49,14 +49,22 @@ test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests
+	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m mypy src
 
 # reducer_overhead: b-sdp's reducer vs torch DDP; paper_scale: estimated memory/comm of
-# llama-134m/500m/1b at 8 workers for every strategy + a measured CPU run (see README).
+# llama-134m/500m/1b at 8 workers for every strategy + a measured CPU run, and the composition
+# table (llama-1b: SDP + FSDP2 + activation checkpointing, bf16-mixed; see README).
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/reducer_overhead.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/paper_scale.py
+
+# The quality study (docs/results/quality.md): every strategy and the DDP stochastic-depth /
+# dropout baselines at C = 0.75, 0.5, 0.375, step- and FLOP-matched, 3 seeds, on llama-tiny and
+# resnet18-fmnist; sized for ~45 min on a quiet 2-core machine (79 min on a shared one).
+# Resumable: runs/study keeps finished runs. `... compare --suite quality --quick`: < 10 min.
+study: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m subnetdp.cli compare --suite quality
 
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/out

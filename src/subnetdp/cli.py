@@ -1,5 +1,5 @@
-"""``subnetdp``: train | plan | demo | export | eval. Thin: each subcommand lives in
-subnetdp.commands."""
+"""``subnetdp``: train | plan | demo | export | eval | bench | compare. Thin: each subcommand
+lives in subnetdp.commands."""
 
 from __future__ import annotations
 
@@ -9,13 +9,21 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from subnetdp.commands import bench_cmd, demo, eval_cmd, export_cmd, plan_cmd, train_cmd
+    from subnetdp.commands import (
+        bench_cmd,
+        compare_cmd,
+        demo,
+        eval_cmd,
+        export_cmd,
+        plan_cmd,
+        train_cmd,
+    )
 
     parser = argparse.ArgumentParser(
         prog="subnetdp", description="Subnetwork Data Parallelism for PyTorch"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (train_cmd, plan_cmd, demo, export_cmd, eval_cmd, bench_cmd):
+    for module in (train_cmd, plan_cmd, demo, export_cmd, eval_cmd, bench_cmd, compare_cmd):
         module.add_parser(sub)
     return parser
 
@@ -37,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from subnetdp.commands import bench_cmd
 
         return bench_cmd.run(args)
+    if args.command == "compare":
+        from subnetdp.commands import compare_cmd
+
+        return compare_cmd.run(args)
     if args.command in ("export", "eval"):
         from subnetdp.commands import eval_cmd, export_cmd
 

@@ -64,6 +64,35 @@ def test_ddp_baseline_holds_and_sends_everything(lm_runs) -> None:
         assert r["peak_memory_bytes"] < max(d["peak_memory_bytes"] for d in ddp["per_rank"])
 
 
+def test_composed_runs_train_and_count_fsdp_traffic(lm_runs, tmp_path) -> None:
+    """b-sdp + FSDP + activation checkpointing + bf16 compute, and the FSDP + AC baseline
+    (``--strategy ddp --fsdp``), end to end through the CLI."""
+    _, plain = lm_runs["b-sdp"]
+    out = tmp_path / "composed"
+    composed = _train(out, *TINY_LM, "--strategy", "b-sdp", "--nproc", "2", "--coverage", "0.5",
+                      "--fsdp", "--ac", "--dtype", "bf16")
+    plan = Plan.from_json((out / "plan.json").read_text())
+    assert 0 < composed["val_loss"] < 20
+    assert composed["config"]["fsdp"] and composed["config"]["dtype"] == "bf16"
+    for r, p in zip(composed["per_rank"], plain["per_rank"], strict=True):
+        assert r["params_held"] < p["params_held"]  # the shared parameters are sharded
+        # 2 workers at C = 0.5: every unit has one holder (nothing to exchange); the shared
+        # parameters are gathered once in bf16 and reduce-scattered in fp32
+        assert all(len(plan.holders(u)) == 1 for u in range(plan.num_units))
+        assert r["comm_bytes_per_step"] == plan.shared_size * (2 + 4)
+    fsdp = _train(tmp_path / "fsdp", *TINY_LM, "--strategy", "ddp", "--nproc", "2", "--fsdp",
+                  "--ac")
+    assert 0 < fsdp["val_loss"] < 20
+    blocks = sum(u.size for u in Plan.from_json((tmp_path / "fsdp" / "plan.json").read_text())
+                 .units)
+    shared = fsdp["params_total"] - blocks
+    for r in fsdp["per_rank"]:
+        assert r["params_held"] <= fsdp["params_total"] // 2 + 1
+        # blocks gathered in forward and again in backward, the root once; one reduce-scatter
+        assert r["comm_bytes_per_step"] == 4 * (3 * blocks + 2 * shared)
+        assert r["comm"]["by_collective"].keys() == {"fsdp"}
+
+
 def test_resnet_fmnist_reports_accuracy(tmp_path) -> None:
     summary = _train(tmp_path / "r", "--recipe", "resnet18-fmnist", "--strategy", "b-sdp",
                      "--nproc", "2", "--batch-size", "8", "--eval-batches", "2",
@@ -79,6 +108,9 @@ def test_resnet_fmnist_reports_accuracy(tmp_path) -> None:
         (["--recipe", "nope"], "unknown recipe 'nope'"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["--model-arg", "width"], "KEY=VALUE"),
+        (["--strategy", "nb-sdp", "--fsdp"], "--fsdp does not compose with nb-sdp"),
+        (["--reduce-dtype", "bf16"], "--reduce-dtype needs --fsdp"),
+        (["--fsdp", "--ckpt-every", "2"], "cannot write or resume checkpoints"),
     ],
 )
 def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.commands.options import add_neuron_arguments
-from subnetdp.train.config import STRATEGIES, TrainConfig
+from subnetdp.train.config import DTYPES, STRATEGIES, TrainConfig
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +31,20 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh-every", type=int, default=d.refresh_every, metavar="K",
                    help="bb-sdp/nb-sdp: refresh non-held units from their owners every K "
                         "steps (1 = exact)")
+    p.add_argument("--stochastic-depth", type=float, default=d.stochastic_depth, metavar="P",
+                   help="ddp baseline: skip each block with probability P per step and rank "
+                        "(no rescaling, like b-sdp)")
+    p.add_argument("--neuron-dropout", type=float, default=d.neuron_dropout, metavar="P",
+                   help="ddp baseline: drop whole hidden units/heads/channels of every layer "
+                        "pair with probability P (inverted dropout)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard each held unit over its holders with FSDP2 and shared "
+                        "parameters over all workers (with --strategy ddp: plain FSDP)")
+    p.add_argument("--ac", action="store_true", help="activation checkpointing per block")
+    p.add_argument("--dtype", default=d.dtype, choices=DTYPES,
+                   help="compute dtype; bf16 keeps fp32 master weights and optimizer state")
+    p.add_argument("--reduce-dtype", default=None, choices=DTYPES,
+                   help="with --fsdp: the dtype gradients are averaged in (default fp32)")
     p.add_argument("--plan-file", default=None, help="a plan JSON instead of --coverage/--scheme")
     # default None (meaning 4) so that an explicit --nproc 4 is seen when resuming
     p.add_argument("--nproc", type=int, default=None,
@@ -119,8 +133,12 @@ def _parse_model_arg(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def run_training(cfg: TrainConfig) -> dict[str, Any]:
-    """Train and return the run's summary (read back from ``summary.json``)."""
+def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[str, Any]:
+    """Train and return the run's summary (read back from ``summary.json``).
+
+    ``start_method`` is ``launch``'s (None: fork). A long-lived caller that trains many runs
+    (the quality study) passes ``"forkserver"``: forking from a process whose threads (the
+    elastic agent's TCP store) may hold a libc lock can deadlock a worker."""
     from subnetdp.train.launch import launch, under_launcher
     from subnetdp.train.tasks import make_task
     from subnetdp.train.trainer import train_worker
@@ -140,7 +158,8 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
         else:
             check_fresh_run_dir(Path(cfg.out))
     results = launch(train_worker, (cfg.to_dict(),), nproc=cfg.nproc,
-                     run_id=f"subnetdp-{int(time.time())}", max_restarts=cfg.max_restarts)
+                     run_id=f"subnetdp-{int(time.time())}", max_restarts=cfg.max_restarts,
+                     start_method=start_method)
     stopped = [r["error"] for r in results.values() if isinstance(r, dict) and "error" in r]
     if stopped:
         from subnetdp.train.checkpoint import NonFiniteLossError

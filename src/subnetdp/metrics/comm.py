@@ -40,14 +40,22 @@ def comm_record(model: Any, counter: Any, *, steps: int, world: int) -> dict[str
         groups = {tuple(k): v / steps for k, v in stats.by_group.items()}
     elif counter is not None and world > 1:
         groups = {tuple(range(world)): counter.total_bytes / steps}
-    return allreduce_record(groups)
+    source = stats if stats is not None else counter
+    return allreduce_record(groups, collective=getattr(source, "collective", "all_reduce"))
 
 
-def allreduce_record(groups: dict[tuple[int, ...], float]) -> dict[str, Any]:
+def allreduce_record(
+    groups: dict[tuple[int, ...], float], collective: str = "all_reduce"
+) -> dict[str, Any]:
     """The record of all-reduces of ``groups[ranks]`` payload bytes per step over each group
-    (``comm_record`` from counted bytes, ``bench.comm`` from the plan)."""
+    (``comm_record`` from counted bytes, ``bench.comm`` from the plan). With
+    ``collective="fsdp"`` the payload is FSDP's all-gathers and reduce-scatters, of which a
+    ring sends (n-1)/n."""
+    def sent(v: float, n: int) -> float:
+        return ring_bytes(v, n) if collective == "all_reduce" else (n - 1) / n * v
+
     by_group = {
-        group_key(k): {"size": len(k), "payload": float(v), "ring": ring_bytes(v, len(k))}
+        group_key(k): {"size": len(k), "payload": float(v), "ring": sent(v, len(k))}
         for k, v in sorted(groups.items())
     }
     payload = sum(g["payload"] for g in by_group.values())
@@ -55,7 +63,7 @@ def allreduce_record(groups: dict[tuple[int, ...], float]) -> dict[str, Any]:
     return {
         "comm/bytes_per_step": payload,
         "comm/ring_bytes_per_step": ring,
-        "by_collective": {"all_reduce": {"payload": payload, "ring": ring}} if by_group else {},
+        "by_collective": {collective: {"payload": payload, "ring": ring}} if by_group else {},
         "by_group": by_group,
     }
 

@@ -16,9 +16,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from subnetdp.models import Recipe
 from subnetdp.plan import Plan, make_plan
 from subnetdp.runtime import SubnetDataParallel
+from subnetdp.runtime.checkpointing import checkpoint_blocks
+from subnetdp.runtime.fsdp import GroupTraffic
 from subnetdp.subnet.build import build_full_model
 from subnetdp.subnet.neurons import make_neuron_plan
-from subnetdp.subnet.units import describe_units
+from subnetdp.subnet.units import describe_units, unit_modules
 from subnetdp.train.config import TrainConfig
 
 
@@ -59,16 +61,27 @@ def build_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -
 
 def wrap_model(
     cfg: TrainConfig, recipe: Recipe, plan: Plan, device: torch.device, overrides: dict[str, Any]
-) -> tuple[nn.Module, DDPCommCounter | None]:
-    """DDP: the full model under torch's own DDP. SDP: SubnetDataParallel on a meta model, so
-    units this rank does not hold are never allocated."""
+) -> tuple[nn.Module, DDPCommCounter | FSDPCommCounter | None]:
+    """DDP: the full model under torch's own DDP (``--fsdp``: FSDP2 over the world). SDP:
+    SubnetDataParallel on a meta model, so units this rank does not hold are never
+    allocated."""
     with torch.device("meta"):
         model = recipe.build_model(**overrides)
+    param_dtype = COMPUTE_DTYPES[cfg.dtype]
     if cfg.strategy == "ddp":
         full = build_full_model(model, recipe.adapter, device=device, seed=cfg.seed)
+        if cfg.ac:
+            checkpoint_blocks(full, [name for name, _ in unit_modules(full, recipe.adapter)])
+        if cfg.fsdp:
+            return fully_shard_baseline(full, recipe, device, param_dtype, cfg.reduce_dtype)
+        apply_ddp_baselines(cfg, recipe, full)
+        if param_dtype is not None:
+            autocast_forward(full, param_dtype)
         ids = [device.index] if device.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(
-            full, device_ids=ids, bucket_cap_mb=cfg.bucket_cap_mb
+            full, device_ids=ids, bucket_cap_mb=cfg.bucket_cap_mb,
+            # a block skipped by stochastic depth on this rank has no gradient here
+            find_unused_parameters=cfg.stochastic_depth > 0,
         )
         counter = DDPCommCounter()
         if dist.get_world_size() > 1:
@@ -76,8 +89,84 @@ def wrap_model(
         return ddp, counter
     sdp = SubnetDataParallel(model, plan=plan, adapter=recipe.adapter, strategy=cfg.strategy,
                              device=device, init_seed=cfg.seed, bucket_cap_mb=cfg.bucket_cap_mb,
-                             output_scaling=cfg.output_scaling, refresh_every=cfg.refresh_every)
+                             output_scaling=cfg.output_scaling, refresh_every=cfg.refresh_every,
+                             fsdp=cfg.fsdp, activation_checkpointing=cfg.ac,
+                             param_dtype=param_dtype,
+                             reduce_dtype=COMPUTE_DTYPES[cfg.reduce_dtype or "fp32"])
     return sdp, None
+
+
+# the compute dtype: None = no mixed precision (parameters' own dtype, fp32)
+COMPUTE_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+
+
+@dataclass
+class FSDPCommCounter:
+    """The FSDP baseline's traffic: its sharded sizes and dtypes give the bytes of every step's
+    all-gathers and reduce-scatters (``count_step`` after each step)."""
+
+    step_bytes: int
+    total_bytes: int = 0
+    collective: str = "fsdp"
+
+    def count_step(self) -> None:
+        self.total_bytes += self.step_bytes
+
+
+def fully_shard_baseline(
+    model: nn.Module, recipe: Recipe, device: torch.device, param_dtype: torch.dtype | None,
+    reduce_dtype: str | None,
+) -> tuple[nn.Module, FSDPCommCounter]:
+    """The FSDP2 baseline (ZeRO-3 over the world): every block, then the root."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = DeviceMesh.from_group(dist.distributed_c10d._get_default_group(), device.type)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype,
+                                  reduce_dtype=COMPUTE_DTYPES[reduce_dtype or "fp32"])
+    traffic = []
+    for _, block in unit_modules(model, recipe.adapter):
+        traffic.append(GroupTraffic(tuple(range(mesh.size())),
+                                    sum(p.numel() for p in block.parameters()), gathers=2))
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    rest = sum(p.numel() for p in model.parameters()) - sum(t.numel for t in traffic)
+    traffic.append(GroupTraffic(tuple(range(mesh.size())), rest, gathers=1))
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    param_bytes = (param_dtype or torch.float32).itemsize
+    reduce_bytes = (COMPUTE_DTYPES[reduce_dtype or "fp32"] or torch.float32).itemsize
+    return model, FSDPCommCounter(sum(t.bytes(param_bytes, reduce_bytes) for t in traffic))
+
+
+def autocast_forward(model: nn.Module, dtype: torch.dtype) -> None:
+    """Run ``model``'s forward under ``torch.autocast`` (bf16 compute, fp32 parameters)."""
+    inner = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(next(model.parameters()).device.type, dtype=dtype):
+            return inner(*args, **kwargs)
+
+    model.forward = forward  # type: ignore[method-assign]
+
+
+def apply_ddp_baselines(cfg: TrainConfig, recipe: Recipe, model: nn.Module) -> None:
+    """Stochastic depth / neuron dropout on the full model of a DDP run (the baselines SDP's
+    block and neuron constructions come from); masks drawn independently on every rank."""
+    if cfg.stochastic_depth <= 0 and cfg.neuron_dropout <= 0:
+        return
+    from subnetdp.subnet.regularize import (
+        apply_neuron_dropout,
+        apply_stochastic_depth,
+        rank_generator,
+    )
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if cfg.stochastic_depth > 0:
+        apply_stochastic_depth(model, recipe.adapter, cfg.stochastic_depth,
+                               rank_generator(cfg.seed, rank))
+    if cfg.neuron_dropout > 0:
+        kinds = set(cfg.neuron_kinds.split(",")) if cfg.neuron_kinds else None
+        apply_neuron_dropout(model, recipe.adapter, cfg.neuron_dropout,
+                             rank_generator(cfg.seed + 7777, rank), kinds=kinds)
 
 
 def make_optimizer(

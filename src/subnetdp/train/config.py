@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 STRATEGIES = ("ddp", "b-sdp", "n-sdp", "bb-sdp", "nb-sdp")
+DTYPES = ("fp32", "bf16")
 
 
 @dataclass
@@ -16,9 +17,10 @@ class TrainConfig:
     coverage: float = 0.5
     scheme: str = "spread"
     plan_file: str | None = None  # a plan JSON (e.g. from `subnetdp plan --json`) instead
-    # n-sdp: groups per layer pair (None = world size), which pair kinds to split (None = all
-    # the model declares, e.g. "ffn,heads"), rotate the spread window by layer, and output
-    # scaling of kept hidden units ("none" or "keep" = 1/keep-rate while training).
+    # n-sdp: groups per layer pair (None = neurons.default_groups: the world size or a multiple
+    # of it), which pair kinds to split (None = all the model declares, e.g. "ffn,heads"),
+    # rotate the spread window by layer, and output scaling of kept hidden units ("none" or
+    # "keep" = 1/keep-rate while training).
     neuron_groups: int | None = None
     neuron_kinds: str | None = None
     rotate: bool = False
@@ -53,6 +55,19 @@ class TrainConfig:
     ckpt_keep: int = 3
     resume: str | None = None
     max_restarts: int = 0
+    # DDP baselines (subnet/regularize.py): skip each block with this probability per step
+    # (stochastic depth, no rescaling, like b-sdp) and drop whole neuron slots of every layer
+    # pair with this probability (inverted dropout); training mode only, ddp only.
+    stochastic_depth: float = 0.0
+    neuron_dropout: float = 0.0
+    # Composition (method.md §7): FSDP2 inside holder groups (with ddp: plain FSDP over the
+    # world), activation checkpointing per block, and the compute dtype: "bf16" = bf16 compute
+    # with fp32 master weights and optimizer state; reduce_dtype = the dtype FSDP averages
+    # gradients in (None: fp32).
+    fsdp: bool = False
+    ac: bool = False
+    dtype: str = "fp32"
+    reduce_dtype: str | None = None
 
     def resolved(self) -> TrainConfig:
         """A copy with every None filled from the recipe's defaults, validated."""
@@ -108,11 +123,39 @@ class TrainConfig:
             bad(f"--ckpt-keep must be >= 1, got {self.ckpt_keep}")
         if self.max_restarts < 0:
             bad(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        for name, p in (("--stochastic-depth", self.stochastic_depth),
+                        ("--neuron-dropout", self.neuron_dropout)):
+            if not 0.0 <= p < 1.0:
+                bad(f"{name} must be in [0, 1), got {p}")
+            if p > 0 and self.strategy != "ddp":
+                bad(f"{name} is a DDP baseline; use it with --strategy ddp")
+        self._validate_composition(bad)
         if (self.strategy in ("bb-sdp", "nb-sdp") and self.ckpt_every % self.refresh_every):
             # Between refreshes non-holders hold stale copies that no shard records, so only
             # a checkpoint right after a refresh step resumes exactly.
             bad(f"--ckpt-every ({self.ckpt_every}) must be a multiple of --refresh-every "
                 f"({self.refresh_every}) under {self.strategy}")
+
+    def _validate_composition(self, bad: Any) -> None:
+        if self.dtype not in DTYPES:
+            bad(f"--dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.reduce_dtype is not None and self.reduce_dtype not in DTYPES:
+            bad(f"--reduce-dtype must be one of {tuple(DTYPES)}, got {self.reduce_dtype!r}")
+        if self.ac and (self.stochastic_depth or self.neuron_dropout):
+            bad("--ac does not combine with --stochastic-depth/--neuron-dropout: their masks "
+                "come from their own generator, so a recomputed block would draw new ones")
+        if self.reduce_dtype is not None and not self.fsdp:
+            bad("--reduce-dtype needs --fsdp (without it gradients are averaged in fp32)")
+        if not self.fsdp:
+            return
+        if self.strategy == "nb-sdp":
+            bad("--fsdp does not compose with nb-sdp (a partly held layer would need one mesh "
+                "per neuron group); use n-sdp, b-sdp or bb-sdp")
+        if self.ckpt_every or self.resume:
+            bad("--fsdp runs cannot write or resume checkpoints yet; drop --ckpt-every/--resume "
+                "or --fsdp")
+        if self.stochastic_depth or self.neuron_dropout:
+            bad("--stochastic-depth/--neuron-dropout are torch DDP baselines; drop --fsdp")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.metrics.memory import measure_step_memory
@@ -20,8 +21,16 @@ from subnetdp.metrics.sinks import JsonlSink, rank_jsonl_path, write_json_atomic
 from subnetdp.models import get_recipe
 from subnetdp.plan import diagnostics, worker_bytes
 from subnetdp.runtime import SubnetDataParallel
+from subnetdp.runtime.fsdp import local_full_state, local_tensor
 from subnetdp.subnet.build import build_full_model
-from subnetdp.train.build import DDPCommCounter, build_plan, make_optimizer, save_plan, wrap_model
+from subnetdp.train.build import (
+    DDPCommCounter,
+    FSDPCommCounter,
+    build_plan,
+    make_optimizer,
+    save_plan,
+    wrap_model,
+)
 from subnetdp.train.checkpoint import (
     Checkpointer,
     NonFiniteLossError,
@@ -70,7 +79,11 @@ def _refresh_bytes(model: nn.Module) -> int:
     return model.comm_stats.total_refresh_bytes if isinstance(model, SubnetDataParallel) else 0
 
 
-def _comm_bytes(model: nn.Module, counter: DDPCommCounter | None) -> int:
+def _stored(params: Any) -> int:
+    return sum(local_tensor(p).numel() for p in params)
+
+
+def _comm_bytes(model: nn.Module, counter: DDPCommCounter | FSDPCommCounter | None) -> int:
     if isinstance(model, SubnetDataParallel):
         return model.comm_stats.total_bytes
     return counter.total_bytes if counter is not None else 0
@@ -135,6 +148,8 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             else:
                 loss = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0)
             dt = time.perf_counter() - t0
+            if isinstance(counter, FSDPCommCounter):
+                counter.count_step()
             # A segment too short for a warm-up (a resume near the end) times every step.
             warm = step - start >= WARMUP_STEPS or cfg.steps - start <= WARMUP_STEPS
             if warm and step != cfg.memory_step:
@@ -160,8 +175,9 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     wb = worker_bytes(plan, rank, masking=masking)
     stats = {
         "rank": rank,
-        "params_held": sdp.params_held if sdp else sum(p.numel() for p in model.parameters()),
-        "params_trained": sdp.params_trained if sdp else sum(p.numel() for p in model.parameters()),
+        # stored on this rank (FSDP: its shards)
+        "params_held": sdp.params_held if sdp else _stored(model.parameters()),
+        "params_trained": sdp.params_trained if sdp else _stored(model.parameters()),
         # the first step has nothing to refresh yet; the median is the steady state
         "refresh_bytes_per_step": statistics.median(refresh_bytes[1:] or refresh_bytes or [0]),
         "units_held": plan.held_units(rank),
@@ -188,9 +204,11 @@ def _evaluate(
     model: nn.Module, recipe: Any, task: Task, device: torch.device,
     overrides: dict[str, Any], rank: int,
 ) -> dict[str, float]:
-    """Validation on the *full* model: SDP assembles each unit from its owner on rank 0."""
-    if isinstance(model, SubnetDataParallel):
-        state = model.full_state_dict()
+    """Validation on the *full* model: SDP assembles each unit from its owner on rank 0, FSDP
+    gathers every parameter (collective)."""
+    if isinstance(model, SubnetDataParallel | FSDPModule):
+        state = (model.full_state_dict() if isinstance(model, SubnetDataParallel)
+                 else local_full_state(model))
         result: dict[str, float] = {}
         if rank == 0:
             assert state is not None

@@ -1,0 +1,79 @@
+"""``subnetdp compare --suite quality``: the quality study, end to end from one command.
+
+    subnetdp compare --suite quality [--quick] [--tasks llama,resnet] [--seeds N] [--steps S]
+        [--runs runs/study] [--out docs/results] [--no-plots]
+
+Trains every cell that has no result under ``--runs`` yet (a stopped suite resumes where it
+stopped), then writes per task ``quality_<task>.md``, ``.json`` and two PNG plots to ``--out``.
+``--quick`` runs a small version (C = 0.5, one seed, 20 steps; under 10 minutes on 2 cores)
+into ``runs/study-quick`` and writes its results there, not to docs/results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("compare", help="the quality study: strategies vs DDP baselines",
+                              description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--suite", default="quality", choices=["quality"])
+    p.add_argument("--quick", action="store_true",
+                   help="C = 0.5 only, one seed, 20 steps (< 10 min); into runs/study-quick")
+    p.add_argument("--tasks", default=None, help="comma-separated subset: llama,resnet")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 3; quick 1)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="the step-matched budget S (default: the suite's, per task)")
+    p.add_argument("--runs", default=None,
+                   help="run directories; existing results there are reused "
+                        "(default runs/study, or runs/study-quick)")
+    p.add_argument("--out", default=None,
+                   help="results (default docs/results, or runs/study-quick/results)")
+    p.add_argument("--no-plots", dest="plots", action="store_false")
+
+
+def run(args: argparse.Namespace) -> int:
+    import multiprocessing
+
+    from subnetdp.data import DatasetMissingError
+    from subnetdp.study.results import write_results
+    from subnetdp.study.runner import run_suite
+    from subnetdp.study.suite import QUICK, SUITES, enumerate_cells, select
+    from subnetdp.train.launch import WorkerFailedError
+
+    base = QUICK if args.quick else SUITES[args.suite]
+    runs = Path(args.runs or ("runs/study-quick" if args.quick else "runs/study"))
+    out = Path(args.out or (runs / "results" if args.quick else "docs/results"))
+    try:
+        tasks = [t.strip() for t in args.tasks.split(",")] if args.tasks else None
+        if args.seeds is not None and args.seeds < 1:
+            raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+        if args.steps is not None and args.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {args.steps}")
+        suite = select(base, tasks=tasks, seeds=args.seeds, steps=args.steps)
+    except ValueError as e:
+        print(f"subnetdp compare: {e}", file=sys.stderr)
+        return 2
+    # Workers start from a fork server that has imported the trainer once (cheap, and safe
+    # to fork from: it has no threads).
+    multiprocessing.set_forkserver_preload(["subnetdp.train.trainer"])
+    cells = enumerate_cells(suite)
+    print(f"{suite.name}: {len(cells)} runs ({', '.join(t.recipe for t in suite.tasks)}; "
+          f"{suite.seeds} seed(s)) under {runs}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        results = run_suite(suite, runs, log=lambda m: print(m, flush=True))
+    except (ValueError, FileNotFoundError, DatasetMissingError, WorkerFailedError) as e:
+        print(f"subnetdp compare: {e}", file=sys.stderr)
+        return 1
+    command = "subnetdp " + " ".join(getattr(args, "argv", None) or ["compare", "--suite",
+                                                                      args.suite])
+    written = write_results(suite, results, out, command=command, plots=args.plots)
+    print(f"done in {(time.perf_counter() - t0) / 60:.1f} min; wrote:", flush=True)
+    for path in written:
+        print(f"  {path}")
+    return 0
