@@ -1,9 +1,22 @@
 """Real gloo workers against the fake-mode estimate and the analytic bytes: the estimated peak
-agrees with the measured one (within 10%; on CPU it is exact), and the bytes the reducers count
-equal the analytic accounting, by process group."""
+agrees with the measured one (within 10%; on CPU it is exact without FSDP), and the bytes the
+reducers count equal the analytic accounting, by process group. Compositions (SDP + FSDP2 per
+holder group + activation checkpointing, mixed precision) run on 4 workers.
+
+[Note: gloo's reduce-scatter clone]
+gloo has no native reduce-scatter: ``ProcessGroupGloo::reduce_scatter_tensor_coalesced`` clones
+the whole input, all-reduces the clone and copies this rank's chunk out, so every FSDP2
+reduce-scatter on CPU holds one extra unsharded-gradient-sized buffer until it completes. NCCL
+reduce-scatters in place and the fake process group allocates nothing, so the estimate (made
+for GPUs) leaves it out; when the largest reduce-scatter (the root's: embeddings and output
+layer) is at the peak, the CPU measurement exceeds the estimate by up to that buffer (about 11%
+on these tiny models, where the embeddings are a large share). So FSDP's 10% check is a non-strict
+xfail on gloo, and ``test_fsdp_gap_is_gloo_reduce_scatter_clone`` bounds the gap by the clone.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -11,7 +24,8 @@ import pytest
 from subnetdp.bench.comm import analytic_comm
 from subnetdp.bench.estimate import estimate_memory
 from subnetdp.bench.step import bench_worker, summarise
-from subnetdp.bench.strategies import BenchSpec
+from subnetdp.bench.strategies import BenchSpec, meta_model
+from subnetdp.subnet.units import unit_modules
 from tests.dist.harness import run_workers
 
 BASE = BenchSpec(recipe="llama-tiny", strategy="ddp", world=2, batch=2, seq=32,
@@ -19,11 +33,15 @@ BASE = BenchSpec(recipe="llama-tiny", strategy="ddp", world=2, batch=2, seq=32,
 SPECS = [BASE, BASE.replace(strategy="b-sdp", coverage=0.5), BASE.replace(strategy="n-sdp",
          coverage=0.5), BASE.replace(strategy="bb-sdp", coverage=0.5),
          BASE.replace(strategy="fsdp+ac")]
-# FSDP2 over gloo gathers through an extra full-size copy that the fake process group (and
-# NCCL's all_gather_into_tensor) does not make; when that gather is at the peak the CPU
-# measurement is ~13% above the estimate (see the benchmark report). Known, not hidden.
-GLOO_GATHER_COPY = pytest.mark.xfail(reason="gloo all-gather copy is not in the estimate",
-                                     strict=False)
+GLOO_RS_CLONE = pytest.mark.xfail(reason="gloo's reduce-scatter clones its input; NCCL and the "
+                                  "estimate do not (Note: gloo's reduce-scatter clone)",
+                                  strict=False)
+COMPOSED_BASE = BASE.replace(strategy="b-sdp", world=4, coverage=0.5)
+COMPOSED = [COMPOSED_BASE.replace(ac=True), COMPOSED_BASE.replace(fsdp=True, ac=True),
+            COMPOSED_BASE.replace(strategy="fsdp+ac", coverage=1.0)]
+MIXED = [COMPOSED_BASE.replace(strategy="ddp", coverage=1.0, dtype="bf16-mixed"),
+         COMPOSED_BASE.replace(ac=True, dtype="bf16-mixed"),
+         COMPOSED_BASE.replace(fsdp=True, ac=True, dtype="bf16-mixed")]
 
 
 def _worker(rank: int, world: int, specs: list[BenchSpec]) -> dict[str, Any]:
@@ -35,15 +53,67 @@ def measured() -> list[dict[str, Any]]:
     return run_workers(_worker, 2, SPECS)
 
 
-@pytest.mark.parametrize("spec", [*SPECS[:3], pytest.param(SPECS[3], marks=GLOO_GATHER_COPY)],
-                         ids=lambda s: s.label)
-def test_estimate_agrees_with_measurement(measured: list[dict[str, Any]],
-                                          spec: BenchSpec) -> None:
+@pytest.fixture(scope="module")
+def measured_composed() -> dict[str, list[dict[str, Any]]]:
+    """4 workers; one run per dtype (a step benchmark's rows are keyed by label)."""
+    return {"fp32": run_workers(_worker, 4, COMPOSED),
+            "bf16-mixed": run_workers(_worker, 4, MIXED)}
+
+
+def _check_close(spec: BenchSpec, measured: list[dict[str, Any]]) -> None:
     est = estimate_memory(spec)
     for r in measured:
         meas = r["memory"][spec.label]["peak_bytes"]
         got = est.per_rank[r["rank"]].peak_bytes
         assert abs(got - meas) <= 0.10 * meas, (spec.label, got, meas)
+
+
+def _xfail_fsdp(specs: list[BenchSpec]) -> list[Any]:
+    return [pytest.param(s, marks=GLOO_RS_CLONE, id=f"{s.label} {s.dtype}") if s.uses_fsdp
+            else pytest.param(s, id=f"{s.label} {s.dtype}") for s in specs]
+
+
+@pytest.mark.parametrize("spec", _xfail_fsdp(SPECS))
+def test_estimate_agrees_with_measurement(measured: list[dict[str, Any]],
+                                          spec: BenchSpec) -> None:
+    _check_close(spec, measured)
+
+
+@pytest.mark.parametrize("spec", _xfail_fsdp(COMPOSED + MIXED))
+def test_composed_estimate_agrees_with_measurement(
+        measured_composed: dict[str, list[dict[str, Any]]], spec: BenchSpec) -> None:
+    _check_close(spec, measured_composed[spec.dtype])
+
+
+def _largest_reduce_scatter_bytes(spec: BenchSpec) -> int:
+    """Bytes of the largest FSDP reduce-scatter input: any unit over the world (an upper bound
+    for a holder group) or the root's shared parameters, padded, in the reduce dtype."""
+    recipe, meta = meta_model(spec)
+    blocks = unit_modules(meta, recipe.adapter)
+    in_block = {id(p) for _, b in blocks for p in b.parameters()}
+
+    def padded(params: Any) -> int:
+        return sum(-(-p.shape[0] // spec.world) * spec.world * math.prod(p.shape[1:])
+                   for p in params)
+
+    root = padded(p for p in meta.parameters() if id(p) not in in_block)
+    unit = max(padded(b.parameters()) for _, b in blocks)
+    return max(root, unit) * spec.reduce_bytes
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS + COMPOSED + MIXED if s.uses_fsdp],
+                         ids=lambda s: f"{s.label} {s.dtype}")
+def test_fsdp_gap_is_gloo_reduce_scatter_clone(
+        measured: list[dict[str, Any]], measured_composed: dict[str, list[dict[str, Any]]],
+        spec: BenchSpec) -> None:
+    """The FSDP estimate is never above the gloo measurement, and below it by at most gloo's
+    clone of one reduce-scatter input (Note: gloo's reduce-scatter clone)."""
+    runs = measured if spec.world == 2 else measured_composed[spec.dtype]
+    est = estimate_memory(spec)
+    clone = _largest_reduce_scatter_bytes(spec)
+    for r in runs:
+        gap = r["memory"][spec.label]["peak_bytes"] - est.per_rank[r["rank"]].peak_bytes
+        assert 0 <= gap <= clone, (spec.label, gap, clone)
 
 
 @pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: s.label)
@@ -62,3 +132,25 @@ def test_summary_reports_ratios(measured: list[dict[str, Any]]) -> None:
     assert out["rows"]["b-sdp (C=0.5)"]["measured_peak_bytes"] < out["rows"]["ddp"][
         "measured_peak_bytes"]
     assert out["rows"]["fsdp+ac"]["comm"] is None  # FSDP's collectives are not counted
+
+
+def test_composed_comm_counted_or_marked_analytic(
+        measured_composed: dict[str, list[dict[str, Any]]]) -> None:
+    out = summarise(COMPOSED, measured_composed["fp32"])
+    # activation checkpointing changes no collective: the reducer counts plain b-sdp's bytes
+    ac = COMPOSED[0]
+    analytic = analytic_comm(ac.replace(ac=False))
+    for r in measured_composed["fp32"]:
+        assert r["comm"][ac.label]["by_group"] == analytic[r["rank"]]["by_group"]
+    # composed with FSDP the wrapper reports its traffic by holder group: the analytic groups,
+    # the same bytes up to FSDP's dim-0 padding (the analytic figure pads, the report does not)
+    fsdp = COMPOSED[1]
+    analytic = analytic_comm(fsdp)
+    for r in measured_composed["fp32"]:
+        reported, expected = r["comm"][fsdp.label], analytic[r["rank"]]
+        assert reported["by_group"].keys() == expected["by_group"].keys()
+        for key in ("comm/bytes_per_step", "comm/ring_bytes_per_step"):
+            assert expected[key] * 0.99 <= reported[key] <= expected[key], key
+    assert out["rows"]["fsdp+ac"]["comm"] is None  # the FSDP2 baseline's are not counted
+    assert (out["rows"]["b-sdp+fsdp+ac (C=0.5)"]["measured_peak_bytes"]
+            < out["rows"]["b-sdp+ac (C=0.5)"]["measured_peak_bytes"])

@@ -37,3 +37,20 @@ def test_nothing_fits_is_reported() -> None:
 def test_plan_memory_budget_needs_a_model(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["plan", "--world", "4", "--memory-gb", "1"]) == 2
     assert "--model" in capsys.readouterr().err
+
+
+def test_compositions_apply_to_sdp_options_only() -> None:
+    seen: list[BenchSpec] = []
+
+    def estimator(spec: BenchSpec) -> int:
+        seen.append(spec)
+        return fake_estimator(spec) // (2 if spec.fsdp else 1)
+
+    opts = plan_budget(BASE, 40e-9, estimator=estimator, fsdp=True, ac=True)
+    labels = {o.spec.label.split(" ")[0] for o in opts}
+    # baselines keep their names; only the SDP strategies that compose with FSDP are offered
+    assert labels == {"ddp", "ddp+ac", "fsdp", "fsdp+ac", "b-sdp+fsdp+ac", "bb-sdp+fsdp+ac"}
+    assert all(s.fsdp and s.ac for s in seen if s.is_sdp)
+    best = next(o for o in opts if o.spec.strategy == "b-sdp")
+    assert best.fits and best.spec.coverage == 0.5  # k=4 costs 35, k=5 costs 41
+    assert "b-sdp+fsdp+ac (C=0.5)" in format_options(opts, BASE, 40e-9)

@@ -1,5 +1,6 @@
 """The fake-mode memory estimator: its parameter, gradient and optimizer bytes equal the
-analytic formula exactly, for every strategy; and the analytic communication adds up."""
+analytic formula exactly, for every strategy and composition (FSDP per holder group, activation
+checkpointing, mixed precision); and the analytic communication adds up."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ from types import SimpleNamespace
 import pytest
 
 from subnetdp.bench.comm import analytic_comm
-from subnetdp.bench.estimate import estimate_memory, fsdp_shard_numel, heaviest_rank
-from subnetdp.bench.strategies import BenchSpec, all_strategies, make_bench_plan, meta_model
+from subnetdp.bench.estimate import FsdpLayout, estimate_memory, fsdp_shard_numel, heaviest_rank
+from subnetdp.bench.strategies import (
+    BASELINES,
+    BenchSpec,
+    all_strategies,
+    make_bench_plan,
+    meta_model,
+)
+from subnetdp.cli import main
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.plan import worker_bytes
 
@@ -18,14 +26,24 @@ TINY = {"recipe": "llama-tiny", "world": 4, "batch": 2, "seq": 32,
         "model_args": (("n_layers", 4),)}
 
 
-@pytest.mark.parametrize("strategy", all_strategies())
-def test_state_bytes_equal_the_analytic_formula(strategy: str) -> None:
-    spec = BenchSpec(strategy=strategy, coverage=0.5, **TINY)
+COMPOSED = [{"strategy": "b-sdp", "fsdp": True}, {"strategy": "bb-sdp", "fsdp": True},
+            {"strategy": "b-sdp", "fsdp": True, "ac": True, "dtype": "bf16-mixed"},
+            {"strategy": "bb-sdp", "fsdp": True, "dtype": "bf16-mixed"},
+            {"strategy": "b-sdp", "ac": True}, {"strategy": "b-sdp", "dtype": "bf16-mixed"},
+            {"strategy": "ddp", "dtype": "bf16-mixed"},
+            {"strategy": "fsdp+ac", "dtype": "bf16-mixed"}]
+
+
+@pytest.mark.parametrize("opts", [{"strategy": s} for s in all_strategies()] + COMPOSED,
+                         ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_state_bytes_equal_the_analytic_formula(opts: dict) -> None:
+    spec = BenchSpec(coverage=0.5 if opts["strategy"] not in BASELINES else 1.0,
+                     **TINY, **opts)
     rank = heaviest_rank(spec)
     est = estimate_memory(spec, ranks=[rank])
     r = est.per_rank[0]
     assert r.rank == rank
-    assert r.state == r.analytic, strategy
+    assert r.state == r.analytic, spec.label
     b = r.breakdown
     assert r.peak_bytes == b["total"] == sum(v for k, v in b.items() if k != "total")
     assert b["activations"] > 0 and b["params"] > 0
@@ -38,6 +56,24 @@ def test_sdp_rows_share_one_estimate_and_cover_every_rank() -> None:
     assert {r.same_as for r in est.per_rank} == {None, 0}  # llama blocks are all alike
     d = est.to_dict()
     assert d["peak_bytes"] == est.worst.peak_bytes and set(d["breakdown"]) >= {"params", "total"}
+
+
+def test_sdp_fsdp_rows_by_shard_layout() -> None:
+    """Composed with FSDP, a rank's state depends on its position in each holder group (FSDP's
+    ceil chunks): ranks share an estimate only when their shard layout is the same, and every
+    rank's analytic state is that of the estimate it shares."""
+    spec = BenchSpec(strategy="b-sdp", fsdp=True, coverage=0.75, **TINY)  # 3 holders per unit
+    est = estimate_memory(spec)
+    by_rank = {r.rank: r for r in est.per_rank}
+    for r in est.per_rank:
+        base = by_rank[r.same_as] if r.same_as is not None else r
+        assert base.state == r.analytic, r.rank
+    recipe, meta = meta_model(spec)
+    layout = FsdpLayout(spec, make_bench_plan(spec, meta, recipe))
+    # every parameter element of the model is trained by exactly one shard per holder group
+    held = sum(layout.unit_shard(u, k) for k in range(4) for u in layout.plan.held_units(k))
+    assert held == sum(u.size for u in layout.plan.units)
+    assert sum(layout.shared_shard(k) for k in range(4)) == layout.plan.shared_size
 
 
 def test_fsdp_shards_cover_each_parameter_exactly_once() -> None:
@@ -63,6 +99,27 @@ def test_analytic_comm_matches_the_plan_bytes() -> None:
     assert full < fsdp["by_collective"]["all_gather"]["payload"] < 2 * full
 
 
+def test_analytic_comm_of_sdp_with_fsdp() -> None:
+    fsdp = analytic_comm(BenchSpec(strategy="fsdp", **TINY))
+    # everyone holding everything: exactly FSDP's collectives
+    assert analytic_comm(BenchSpec(strategy="b-sdp", fsdp=True, coverage=1.0, **TINY)) == fsdp
+    spec = BenchSpec(strategy="b-sdp", coverage=0.5, **TINY)
+    plain, composed = analytic_comm(spec), analytic_comm(spec.replace(fsdp=True))
+    for p, c in zip(plain, composed, strict=True):
+        # the same holder groups; each gradient reduce-scattered once (padded to the group)
+        # instead of all-reduced, each held unit gathered twice, the shared ones once
+        assert c["by_group"].keys() == p["by_group"].keys()
+        rs, ag = (c["by_collective"][k]["payload"] for k in ("reduce_scatter", "all_gather"))
+        assert p["comm/bytes_per_step"] <= rs < 1.01 * p["comm/bytes_per_step"]
+        assert rs < ag < 2 * rs
+        assert c["comm/ring_bytes_per_step"] < 2 * p["comm/ring_bytes_per_step"]
+    # mixed precision: bf16 all-gathers, fp32 reduce-scatters
+    mixed = analytic_comm(spec.replace(fsdp=True, dtype="bf16-mixed"))[0]["by_collective"]
+    full = composed[0]["by_collective"]
+    assert mixed["all_gather"]["payload"] * 2 == full["all_gather"]["payload"]
+    assert mixed["reduce_scatter"] == full["reduce_scatter"]
+
+
 def test_comm_record_from_counters() -> None:
     stats = SimpleNamespace(by_group={(0, 1, 2, 3): 800, (0, 1): 400})
     rec = comm_record(SimpleNamespace(comm_stats=stats), None, steps=2, world=4)
@@ -74,8 +131,25 @@ def test_comm_record_from_counters() -> None:
     assert summary["busiest_rank"] == 0 and summary["per_rank_bytes_per_step"] == [600, 100.0]
 
 
+def test_composition_labels_and_flags(capsys) -> None:  # type: ignore[no-untyped-def]
+    spec = BenchSpec(strategy="b-sdp", fsdp=True, ac=True, coverage=0.5, **TINY)
+    assert spec.label == "b-sdp+fsdp+ac (C=0.5)" and spec.uses_fsdp and spec.uses_ac
+    assert BenchSpec(strategy="fsdp+ac", **TINY).label == "fsdp+ac"
+    args = ["bench", "comm", "--model", "llama-tiny", "--world", "4", "--seq", "32"]
+    assert main([*args, "--strategy", "b-sdp", "--fsdp", "--ac", "--json"]) == 0
+    assert '"label": "b-sdp+fsdp+ac (C=0.5)"' in capsys.readouterr().out
+    assert main([*args, "--strategy", "ddp", "--ac"]) == 2  # the baseline is named ddp+ac
+    assert "ddp+ac" in capsys.readouterr().err
+
+
 def test_bad_spec_says_how_to_fix() -> None:
     with pytest.raises(ValueError, match="choose one of"):
         BenchSpec(strategy="zero", **TINY)
+    with pytest.raises(ValueError, match=r"fsdp\+ac"):
+        BenchSpec(strategy="fsdp", ac=True, **TINY)
+    with pytest.raises(ValueError, match="nb-sdp does not compose"):
+        BenchSpec(strategy="nb-sdp", fsdp=True, coverage=0.5, **TINY)
+    with pytest.raises(ValueError, match="dtype"):
+        BenchSpec(strategy="ddp", dtype="fp16", **TINY)
     with pytest.raises(ValueError, match="max_seq_len"):
         meta_model(BenchSpec(strategy="ddp", **{**TINY, "seq": 100_000}))

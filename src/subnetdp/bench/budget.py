@@ -18,7 +18,13 @@ from typing import Any
 
 from subnetdp.bench.comm import analytic_comm, worst_comm
 from subnetdp.bench.estimate import estimate_memory
-from subnetdp.bench.strategies import BASELINES, BenchSpec, meta_model, sdp_strategies
+from subnetdp.bench.strategies import (
+    BASELINES,
+    FSDP_COMPOSABLE,
+    BenchSpec,
+    meta_model,
+    sdp_strategies,
+)
 
 GiB = float(1 << 30)
 GB = 1e9
@@ -32,7 +38,8 @@ class Option:
     fits: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"strategy": self.spec.strategy, "coverage": self.spec.coverage,
+        return {"strategy": self.spec.strategy, "fsdp": self.spec.fsdp, "ac": self.spec.ac,
+                "coverage": self.spec.coverage,
                 "label": self.spec.label, "peak_bytes": self.peak_bytes,
                 "peak_GB": self.peak_bytes / GB, "comm/ring_bytes_per_step": self.comm_ring_bytes,
                 "fits": self.fits}
@@ -58,18 +65,22 @@ def _num_units(spec: BenchSpec) -> int:
 
 def plan_budget(
     base: BenchSpec, memory_gb: float, *, strategies: tuple[str, ...] | None = None,
-    estimator: Estimator = _estimate_peak,
+    estimator: Estimator = _estimate_peak, fsdp: bool = False, ac: bool = False,
 ) -> list[Option]:
     """Options for ``base`` (recipe, world, batch, seq, dtype), best first; each SDP strategy
-    contributes its highest fitting coverage (or its lowest tried one, marked not fitting)."""
+    contributes its highest fitting coverage (or its lowest tried one, marked not fitting).
+    ``fsdp``/``ac`` compose the SDP strategies (baselines keep theirs: ``fsdp+ac``...); with
+    ``fsdp`` the default list leaves out the SDP strategies that do not compose with it."""
     if memory_gb <= 0:
         raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
     budget = int(memory_gb * GB)
-    chosen = strategies or (*BASELINES, *sdp_strategies())
+    chosen = strategies or (*BASELINES, *(s for s in sdp_strategies()
+                                          if not fsdp or s in FSDP_COMPOSABLE))
     options: list[Option] = []
     for strategy in chosen:
-        spec = base.replace(strategy=strategy, coverage=1.0)
-        if strategy in BASELINES:
+        sdp = strategy not in BASELINES
+        spec = base.replace(strategy=strategy, coverage=1.0, fsdp=fsdp and sdp, ac=ac and sdp)
+        if not sdp:
             options.append(_option(spec, estimator(spec), budget))
         else:
             options.append(_best_coverage(spec, budget, estimator))
@@ -112,18 +123,20 @@ def format_options(options: list[Option], base: BenchSpec, memory_gb: float) -> 
     lines = [
         f"budget {memory_gb:g} GB per worker: {base.recipe}, {base.world} workers, micro-batch "
         f"{base.batch} x {base.seq} tokens, {base.dtype}; best predicted quality first",
-        f"{'option':<22} {'fits':>4} {'peak GB':>9} {'ring MB/step':>13}",
+        f"{'option':<26} {'fits':>4} {'peak GB':>9} {'ring MB/step':>13}",
     ]
     for o in options:
-        lines.append(f"{o.spec.label:<22} {'yes' if o.fits else 'no':>4} "
+        lines.append(f"{o.spec.label:<26} {'yes' if o.fits else 'no':>4} "
                      f"{o.peak_bytes / GB:>9.2f} {o.comm_ring_bytes / 1e6:>13.1f}")
     if not any(o.fits for o in options):
-        lines.append("nothing fits: lower --batch or --seq, use bf16, or add workers")
+        lines.append("nothing fits: lower --batch or --seq, use bf16, compose with --fsdp/--ac,"
+                     " or add workers")
     return "\n".join(lines)
 
 
 def run_budget(args: Any) -> int:
-    """``subnetdp plan --memory-gb G --model M --world N [--batch --seq --dtype --json]``."""
+    """``subnetdp plan --memory-gb G --model M --world N [--batch --seq --dtype --fsdp --ac
+    --json]``."""
     import json
     import sys
 
@@ -134,7 +147,8 @@ def run_budget(args: Any) -> int:
             raise ValueError("--memory-gb needs --model NAME and --world N")
         base = BenchSpec(recipe=args.model, strategy="ddp", world=args.world, batch=args.batch,
                          seq=args.seq, dtype=args.dtype)
-        options = plan_budget(base, args.memory_gb)
+        options = plan_budget(base, args.memory_gb, fsdp=getattr(args, "fsdp", False),
+                              ac=getattr(args, "ac", False))
     except ValueError as e:
         print(f"subnetdp plan: error: {e}", file=sys.stderr)
         return 2

@@ -9,9 +9,17 @@
   the unsharded (padded) bytes of each collective; a ring all-gather or reduce-scatter sends
   (c−1)/c × payload per rank. Activation checkpointing adds no collective (the recomputation runs
   while the block is unsharded for backward).
+- SDP composed with FSDP2 (``b-sdp+fsdp``, ``bb-sdp+fsdp``): the same per held unit, over its
+  holder group instead of the world (its mesh): all-gathered twice and reduce-scattered once,
+  padded to ``ceil(d0 / c) · c`` rows for c holders; nothing for a unit held alone. The shared
+  parameters are the root's: gathered once and reduce-scattered once over the world. (Backward
+  masking's refresh is point to point and, as for plain bb-sdp, not part of these figures.)
+- Mixed precision (``bf16-mixed``): all-gathers carry the compute dtype (bf16), reductions the
+  master dtype (fp32: DDP/SDP gradients are fp32; FSDP's ``reduce_dtype`` is fp32).
 
 ``tests/dist/test_bench_measure.py`` checks SDP and DDP against the bytes counted by instrumented
-runs; the FSDP figures are not checked against a count yet.
+runs, and SDP+FSDP against the per-group traffic the wrapper reports (from its FSDP modules'
+sizes, unpadded: within 1%); the FSDP2 baselines' figures are not checked against a count.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import math
 from typing import Any
 
 from subnetdp.bench.strategies import BenchSpec, make_bench_plan, meta_model
-from subnetdp.metrics.comm import allreduce_record, group_key
+from subnetdp.metrics.comm import allreduce_record, group_key, ring_bytes
 from subnetdp.plan import Plan
 from subnetdp.subnet.units import unit_modules
 
@@ -31,7 +39,9 @@ def analytic_comm(spec: BenchSpec) -> list[dict[str, Any]]:
     if spec.strategy.startswith("fsdp"):
         return [_fsdp_rank(spec, meta, recipe) for _ in range(spec.world)]
     plan = make_bench_plan(spec, meta, recipe)
-    return [_allreduce_rank(plan, r, spec.param_bytes) for r in range(spec.world)]
+    if spec.fsdp:
+        return [_sdp_fsdp_rank(spec, plan, meta, recipe, r) for r in range(spec.world)]
+    return [_allreduce_rank(plan, r, spec.reduce_bytes) for r in range(spec.world)]
 
 
 def _allreduce_rank(plan: Plan, rank: int, width: int) -> dict[str, Any]:
@@ -52,7 +62,7 @@ def _padded_numel(shape: tuple[int, ...], world: int) -> int:
 
 
 def _fsdp_rank(spec: BenchSpec, meta: Any, recipe: Any) -> dict[str, Any]:
-    w, width = spec.world, spec.param_bytes
+    w = spec.world
     blocks = {name for name, _ in unit_modules(meta, recipe.adapter)}
     block_elems = root_elems = 0
     for name, p in meta.named_parameters():
@@ -61,18 +71,53 @@ def _fsdp_rank(spec: BenchSpec, meta: Any, recipe: Any) -> dict[str, Any]:
             block_elems += n
         else:
             root_elems += n
-    share = (w - 1) / w if w > 1 else 0.0
-    gather = float((2 * block_elems + root_elems) * width) if w > 1 else 0.0
-    scatter = float((block_elems + root_elems) * width) if w > 1 else 0.0
-    by_coll = {"all_gather": {"payload": gather, "ring": share * gather},
-               "reduce_scatter": {"payload": scatter, "ring": share * scatter}}
-    payload, ring = gather + scatter, share * (gather + scatter)
+    everyone = tuple(range(w))
+    return _gather_scatter_record(spec, {everyone: (2 * block_elems + root_elems,
+                                                    block_elems + root_elems)})
+
+
+def _sdp_fsdp_rank(spec: BenchSpec, plan: Plan, meta: Any, recipe: Any,
+                   rank: int) -> dict[str, Any]:
+    """Per group: (gathered elements, reduce-scattered elements) of one step on ``rank``."""
+    blocks = unit_modules(meta, recipe.adapter)
+    everyone = tuple(range(plan.world))
+    in_block = {id(p) for _, b in blocks for p in b.parameters()}
+    shared = sum(_padded_numel(tuple(p.shape), plan.world) for p in meta.parameters()
+                 if id(p) not in in_block)
+    elems: dict[tuple[int, ...], tuple[int, int]] = {everyone: (shared, shared)}
+    for u in plan.held_units(rank):
+        holders = tuple(sorted(plan.holders(u)))
+        if len(holders) < 2:
+            continue
+        n = sum(_padded_numel(tuple(p.shape), len(holders)) for p in blocks[u][1].parameters())
+        g, s = elems.get(holders, (0, 0))
+        elems[holders] = (g + 2 * n, s + n)
+    return _gather_scatter_record(spec, elems)
+
+
+def _gather_scatter_record(spec: BenchSpec,
+                           elems: dict[tuple[int, ...], tuple[int, int]]) -> dict[str, Any]:
+    """The comm record of all-gathers and reduce-scatters of ``elems[group]`` = (gathered,
+    reduce-scattered) elements per step; a ring collective sends (c−1)/c × payload per rank."""
+    by_group: dict[str, Any] = {}
+    gather = scatter = gather_ring = scatter_ring = 0.0
+    for ranks, (g, s) in sorted(elems.items()):
+        c = len(ranks)
+        if c < 2:
+            continue
+        gp, sp = float(g * spec.gather_bytes), float(s * spec.reduce_bytes)
+        share = ring_bytes(1.0, c) / 2  # (c - 1) / c
+        gather, scatter = gather + gp, scatter + sp
+        gather_ring, scatter_ring = gather_ring + share * gp, scatter_ring + share * sp
+        by_group[group_key(ranks)] = {"size": c, "payload": gp + sp,
+                                      "ring": share * (gp + sp)}
+    by_coll = {"all_gather": {"payload": gather, "ring": gather_ring},
+               "reduce_scatter": {"payload": scatter, "ring": scatter_ring}} if by_group else {}
     return {
-        "comm/bytes_per_step": payload,
-        "comm/ring_bytes_per_step": ring,
-        "by_collective": by_coll if w > 1 else {},
-        "by_group": {group_key(tuple(range(w))): {"size": w, "payload": payload, "ring": ring}}
-        if w > 1 else {},
+        "comm/bytes_per_step": gather + scatter,
+        "comm/ring_bytes_per_step": gather_ring + scatter_ring,
+        "by_collective": by_coll,
+        "by_group": by_group,
     }
 
 

@@ -12,8 +12,10 @@ Steady state: the first step allocates optimizer state and reducer buckets; the 
 that of the *second* step (the tracker's running peak is restarted between the two).
 
 SDP ranks hold different units, so every distinct row of the plan (by the multiset of unit
-sizes held) is estimated separately; ranks with the same row share the result. Baselines are
-symmetric (FSDP2's rank 0 holds the largest, padded, shard), so rank 0 stands for all.
+sizes held; composed with FSDP, by the multiset of (unit size, holders, this rank's shard) and
+its shard of the shared parameters) is estimated separately; ranks with the same row share the
+result. Baselines are symmetric (FSDP2's rank 0 holds the largest, padded, shard), so rank 0
+stands for all.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from subnetdp.bench.strategies import (
+    DTYPES,
     OPTIMIZER_STATES,
     BenchSpec,
     Built,
@@ -38,6 +41,7 @@ from subnetdp.bench.strategies import (
 )
 from subnetdp.metrics.memory import CATEGORIES
 from subnetdp.plan import Plan, worker_bytes
+from subnetdp.subnet.units import unit_modules
 
 GiB = float(1 << 30)
 
@@ -93,7 +97,8 @@ def estimate_memory(spec: BenchSpec, *, ranks: list[int] | None = None) -> Memor
     plan = make_bench_plan(spec, meta, recipe) if spec.is_sdp else None
     wanted = list(range(spec.world)) if ranks is None else list(ranks)
     # rank -> representative rank with the same row (baselines: rank 0 for everyone)
-    rep = {r: (_first_with_same_row(plan, r) if plan is not None else 0) for r in wanted}
+    sigs = _row_signatures(spec, plan) if plan is not None else [()] * spec.world
+    rep = {r: sigs.index(sigs[r]) for r in wanted}
     done: dict[int, RankEstimate] = {}
     for r in sorted(set(rep.values())):
         done[r] = _estimate_rank(spec, r)
@@ -116,16 +121,20 @@ def heaviest_rank(spec: BenchSpec) -> int:
         return 0
     recipe, meta = meta_model(spec)
     plan = make_bench_plan(spec, meta, recipe)
+    if spec.fsdp:  # most held (activations, gathers), then the largest shards (state)
+        layout = FsdpLayout(spec, plan)
+        return max(range(plan.world),
+                   key=lambda r: (plan.held_size(r), layout.trained_elems(r), -r))
     return max(range(plan.world), key=lambda r: (plan.held_size(r), -r))
 
 
-def _row_signature(plan: Plan, rank: int) -> tuple[int, ...]:
-    return tuple(sorted(plan.units[u].size for u in plan.held_units(rank)))
-
-
-def _first_with_same_row(plan: Plan, rank: int) -> int:
-    sig = _row_signature(plan, rank)
-    return next(r for r in range(plan.world) if _row_signature(plan, r) == sig)
+def _row_signatures(spec: BenchSpec, plan: Plan) -> list[tuple[Any, ...]]:
+    """Per rank, what its estimate depends on; equal signatures, equal estimates."""
+    if spec.fsdp:
+        layout = FsdpLayout(spec, plan)
+        return [layout.signature(r) for r in range(plan.world)]
+    return [tuple(sorted(plan.units[u].size for u in plan.held_units(r)))
+            for r in range(plan.world)]
 
 
 def _estimate_rank(spec: BenchSpec, rank: int) -> RankEstimate:
@@ -215,8 +224,12 @@ def held_state_bytes(built: Built) -> dict[str, int]:
 
 def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, int]:
     """What ``state`` must be: ``plan.worker_bytes`` for SDP, the full model for DDP, and the
-    rank's dim-0 shard of every parameter for FSDP2 (``ceil(d0 / world)`` rows per rank)."""
+    rank's dim-0 shard of every parameter for FSDP2 (``ceil(d0 / world)`` rows per rank); SDP
+    composed with FSDP: ``FsdpLayout`` (each held unit sharded over its holders, shared
+    parameters over the world). Master (storage) dtype throughout, also under mixed precision."""
     width = spec.param_bytes
+    if plan is not None and spec.fsdp:
+        return FsdpLayout(spec, plan).state(rank)
     if plan is not None:
         masking = "backward" if spec.strategy in ("bb-sdp", "nb-sdp") else "forward"
         wb = worker_bytes(plan, rank, param_bytes=width, optimizer_states=OPTIMIZER_STATES,
@@ -230,6 +243,57 @@ def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, i
         elems = sum(p.numel() for p in meta.parameters())
     return {"params": elems * width, "grads": elems * width,
             "optimizer": OPTIMIZER_STATES * elems * width}
+
+
+class FsdpLayout:
+    """Where an SDP+FSDP rank's parameter elements are (``runtime.fsdp.shard_blocks``): each
+    held unit's parameters cut along dim 0 over the unit's holders (the rank's position in the
+    sorted holder tuple is its mesh coordinate), the shared parameters over the world; under
+    backward masking the non-held units stay whole, frozen, and (mixed precision) stored in
+    the compute dtype. Block-level strategies only (units are the adapter's blocks)."""
+
+    def __init__(self, spec: BenchSpec, plan: Plan) -> None:
+        recipe, meta = meta_model(spec)
+        blocks = unit_modules(meta, recipe.adapter)
+        if len(blocks) != plan.num_units:
+            raise ValueError(f"{spec.strategy}: plan units are not the model's blocks")
+        self.spec, self.plan = spec, plan
+        self.shapes = [[tuple(p.shape) for p in block.parameters()] for _, block in blocks]
+        in_block = {id(p) for _, block in blocks for p in block.parameters()}
+        self.shared = [tuple(p.shape) for p in meta.parameters() if id(p) not in in_block]
+
+    def unit_shard(self, u: int, rank: int) -> int:
+        holders = sorted(self.plan.holders(u))
+        i = holders.index(rank)
+        return sum(fsdp_shard_numel(s, len(holders), i) for s in self.shapes[u])
+
+    def shared_shard(self, rank: int) -> int:
+        return sum(fsdp_shard_numel(s, self.plan.world, rank) for s in self.shared)
+
+    def trained_elems(self, rank: int) -> int:
+        """Elements with gradients and optimizer state: held shards + the shared shard."""
+        held = sum(self.unit_shard(u, rank) for u in self.plan.held_units(rank))
+        return held + self.shared_shard(rank)
+
+    def frozen_elems(self, rank: int) -> int:
+        """Non-held units kept whole under backward masking (0 under forward masking)."""
+        if self.spec.strategy not in ("bb-sdp", "nb-sdp"):
+            return 0
+        held = set(self.plan.held_units(rank))
+        return sum(math.prod(s) for u, shapes in enumerate(self.shapes) if u not in held
+                   for s in shapes)
+
+    def state(self, rank: int) -> dict[str, int]:
+        width = self.spec.param_bytes
+        frozen_dtype = self.spec.compute_dtype or DTYPES[self.spec.dtype]
+        trained = self.trained_elems(rank)
+        return {"params": trained * width + self.frozen_elems(rank) * frozen_dtype.itemsize,
+                "grads": trained * width, "optimizer": OPTIMIZER_STATES * trained * width}
+
+    def signature(self, rank: int) -> tuple[Any, ...]:
+        held = sorted((self.plan.units[u].size, len(self.plan.holders(u)),
+                       self.unit_shard(u, rank)) for u in self.plan.held_units(rank))
+        return (tuple(held), self.shared_shard(rank))
 
 
 def fsdp_shard_numel(shape: tuple[int, ...], world: int, rank: int) -> int:

@@ -24,20 +24,26 @@ def memory_table(rows: list[dict[str, Any]]) -> str:
     head = ("| model | strategy | peak GiB | / DDP | params | grads | optimizer | activations "
             "| temporaries | ring MB/step | payload MB/step | comm / DDP |")
     out = [head, "|" + "---|" * 12]
+    for model, r, base in _with_ddp_base(rows):
+        b = r["breakdown"]
+        ring = r["comm"]["comm/ring_bytes_per_step"]
+        out.append(
+            f"| {model} | {r['label']} | {r['peak_bytes'] / GiB:.2f} | "
+            f"{_ratio(r['peak_bytes'], base['peak_bytes'] if base else None)} | "
+            + " | ".join(f"{b.get(k, 0) / GiB:.2f}" for k in STACK[:5])
+            + f" | {ring / MB:,.0f} | {r['comm']['comm/bytes_per_step'] / MB:,.0f} | "
+            f"{_ratio(ring, base['comm']['comm/ring_bytes_per_step'] if base else None)} |"
+        )
+    return "\n".join(out)
+
+
+def _with_ddp_base(rows: list[dict[str, Any]]) -> Any:
+    """``(model, row, that model's ddp row or None)`` for every row, grouped by model."""
     for model in dict.fromkeys(r["model"] for r in rows):
         group = [r for r in rows if r["model"] == model]
         base = next((r for r in group if r["label"] == "ddp"), None)
         for r in group:
-            b = r["breakdown"]
-            ring = r["comm"]["comm/ring_bytes_per_step"]
-            out.append(
-                f"| {model} | {r['label']} | {r['peak_bytes'] / GiB:.2f} | "
-                f"{_ratio(r['peak_bytes'], base['peak_bytes'] if base else None)} | "
-                + " | ".join(f"{b.get(k, 0) / GiB:.2f}" for k in STACK[:5])
-                + f" | {ring / MB:,.0f} | {r['comm']['comm/bytes_per_step'] / MB:,.0f} | "
-                f"{_ratio(ring, base['comm']['comm/ring_bytes_per_step'] if base else None)} |"
-            )
-    return "\n".join(out)
+            yield model, r, base
 
 
 def step_table(summary: dict[str, Any]) -> str:
@@ -57,8 +63,32 @@ def step_table(summary: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def plot_rows(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """One PNG per model of stacked memory bars, and one of ring bytes per step."""
+def composition_table(rows: list[dict[str, Any]], paper: dict[str, float]) -> str:
+    """Markdown of composition rows (grouped by ``model``: one recipe, micro-batch and dtype):
+    peak (GiB and GB), ratio to the group's ``ddp``, the paper's GB and ratio where it reports
+    one (``paper[label]``, ratio to ``paper["ddp"]``), the breakdown and the ring bytes."""
+    out = ["| setting | strategy | peak GiB | peak GB | / DDP | paper GB | paper / DDP | params "
+           "| grads | optimizer | activations | temporaries | ring MB/step | comm / DDP |",
+           "|" + "---|" * 14]
+    for model, r, base in _with_ddp_base(rows):
+        b = r["breakdown"]
+        ring = r["comm"]["comm/ring_bytes_per_step"]
+        pp = paper.get(r["label"])
+        out.append(
+            f"| {model} | {r['label']} | {r['peak_bytes'] / GiB:.2f} | "
+            f"{r['peak_bytes'] / 1e9:.2f} | "
+            f"{_ratio(r['peak_bytes'], base['peak_bytes'] if base else None)} | "
+            + (f"{pp:.1f} | {pp / paper['ddp']:.3f} | " if pp is not None else "- | - | ")
+            + " | ".join(f"{b.get(k, 0) / GiB:.2f}" for k in STACK[:5])
+            + f" | {ring / MB:,.0f} | "
+            f"{_ratio(ring, base['comm']['comm/ring_bytes_per_step'] if base else None)} |"
+        )
+    return "\n".join(out)
+
+
+def plot_rows(rows: list[dict[str, Any]], out_dir: Path, prefix: str = "") -> list[Path]:
+    """One PNG per model of stacked memory bars, and one of ring bytes per step (file names
+    ``{prefix}memory_breakdown.png``, ``{prefix}comm_bytes.png``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,7 +110,7 @@ def plot_rows(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         ax.tick_params(axis="x", rotation=60)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    path = out_dir / "memory_breakdown.png"
+    path = out_dir / f"{prefix}memory_breakdown.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
@@ -94,7 +124,7 @@ def plot_rows(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         ax.set_ylabel("ring MB per worker per step")
         ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
-    path = out_dir / "comm_bytes.png"
+    path = out_dir / f"{prefix}comm_bytes.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)

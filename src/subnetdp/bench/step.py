@@ -101,6 +101,9 @@ def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 2,
     worlds = {s.world for s in specs}
     if len(worlds) != 1 or len({(s.recipe, s.batch, s.seq) for s in specs}) != 1:
         raise ValueError("all specs of one step benchmark must share recipe, world, batch, seq")
+    if len({s.label for s in specs}) != len(specs):  # results are keyed by label
+        raise ValueError("two specs of one step benchmark have the same label (strategy, "
+                         "composition, coverage); e.g. run one dtype per benchmark")
     if warmup < 1:
         raise ValueError("--warmup must be >= 1: the memory step runs during warm-up")
     results = launch(_launched, (specs, steps, warmup, device), nproc=worlds.pop(),
@@ -115,7 +118,8 @@ def summarise(specs: list[BenchSpec], per_rank: list[dict[str, Any]]) -> dict[st
         all_t = [t for r in per_rank for t in r["times"][k]]
         mems = [r["memory"][k] for r in per_rank]
         worst = max(mems, key=lambda m: m["peak_bytes"])
-        # FSDP2 issues its collectives itself; nothing counts them yet (analytic only)
+        # The FSDP2 baselines issue their collectives themselves and nothing counts them
+        # (analytic only); composed with SDP, the wrapper reports its FSDP traffic per group.
         counted = not s.strategy.startswith("fsdp")
         comms = [r["comm"][k] for r in per_rank] if counted else None
         rows[k] = {

@@ -7,7 +7,20 @@ checkpointing per block first, then the data-parallel wrapper):
 - ``ddp+ac``   the same, each block under ``torch.utils.checkpoint`` (non-reentrant).
 - ``fsdp``     FSDP2 ``fully_shard`` (ZeRO-3): each block, then the root.
 - ``fsdp+ac``  the same over checkpointed blocks.
-- every SDP strategy of ``subnetdp.runtime.wrapper.STRATEGIES`` (``b-sdp``, ``n-sdp``, ...).
+- every SDP strategy of ``subnetdp.runtime.wrapper.STRATEGIES`` (``b-sdp``, ``n-sdp``, ...),
+  optionally composed (method.md §7) with FSDP2 inside each holder group (``fsdp=True``) and
+  activation checkpointing (``ac=True``), labelled e.g. ``b-sdp+fsdp+ac (C=0.69)``; the
+  ``SubnetDataParallel`` wrapper does the composing.
+
+Precision (``dtype``): ``fp32``; ``bf16`` (pure: parameters, gradients and optimizer state in
+bf16); ``bf16-mixed`` (bf16 compute, fp32 master parameters, gradients and optimizer state:
+torch.autocast for DDP and non-FSDP SDP, FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)`` under FSDP, so FSDP all-gathers bf16 and reduce-scatters fp32, as
+torchtitan does).
+
+Activation checkpointing is ``runtime.checkpointing.checkpoint_blocks`` everywhere (each block's
+forward under non-reentrant ``torch.utils.checkpoint``, parameter names unchanged), applied
+before the data-parallel wrapper.
 
 [Note: the fair DDP baseline]
 torch DDP's default (``gradient_as_bucket_view=False``) keeps each gradient twice: in
@@ -40,7 +53,14 @@ from subnetdp.subnet.build import build_full_model
 from subnetdp.subnet.units import describe_units, unit_modules
 
 BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# storage dtype of parameters, gradients and optimizer state (the master copy)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16-mixed": torch.float32}
+# compute dtype where it differs from storage (mixed precision)
+COMPUTE_DTYPES = {"bf16-mixed": torch.bfloat16}
+# SDP strategies the benchmarks compose with FSDP: block-level ones. nb-sdp does not compose by
+# design (runtime.wrapper); n-sdp + FSDP is being built in the runtime, and its analytic bytes
+# (estimate.analytic_state, comm.analytic_comm) need its shard layout first.
+FSDP_COMPOSABLE = ("b-sdp", "bb-sdp")
 OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq, each as wide as its parameter
 
 
@@ -59,8 +79,9 @@ def all_strategies() -> tuple[str, ...]:
 class BenchSpec:
     """One configuration to measure or estimate. ``coverage`` only matters for SDP.
 
-    ``dtype`` is the dtype of parameters, gradients and optimizer state alike (pure bf16
-    training, not mixed precision: that composition is not built yet).
+    ``dtype``: ``fp32``, ``bf16`` (pure) or ``bf16-mixed`` (bf16 compute, fp32 master state).
+    ``fsdp``/``ac`` compose an SDP strategy with FSDP2 over each holder group and with
+    activation checkpointing; baselines carry theirs in the name (``ddp+ac``, ``fsdp+ac``).
     """
 
     recipe: str
@@ -70,6 +91,8 @@ class BenchSpec:
     seq: int
     coverage: float = 1.0
     dtype: str = "fp32"
+    fsdp: bool = False
+    ac: bool = False
     seed: int = 0
     bucket_cap_mb: float = 25.0
     # recipe overrides as sorted (name, value) pairs (hashable), e.g. (("n_layers", 2),)
@@ -86,6 +109,12 @@ class BenchSpec:
             raise ValueError(f"coverage must be in (0, 1], got {self.coverage}")
         if self.world < 1 or self.batch < 1 or self.seq < 2:
             raise ValueError("world and batch must be >= 1 and seq >= 2")
+        if (self.fsdp or self.ac) and not self.is_sdp:
+            raise ValueError(f"fsdp/ac compose SDP strategies; for the baseline use the strategy "
+                             f"name ({', '.join(BASELINES)}), not {self.strategy!r} + flags")
+        if self.fsdp and self.strategy not in FSDP_COMPOSABLE:
+            raise ValueError(f"{self.strategy} + fsdp is not benchmarked (nb-sdp does not compose "
+                             f"with FSDP; n-sdp's is not built yet); use one of {FSDP_COMPOSABLE}")
 
     @property
     def is_sdp(self) -> bool:
@@ -93,15 +122,42 @@ class BenchSpec:
 
     @property
     def uses_ac(self) -> bool:
-        return self.strategy.endswith("+ac")
+        return self.ac or self.strategy.endswith("+ac")
+
+    @property
+    def uses_fsdp(self) -> bool:
+        """FSDP2 anywhere: the ``fsdp`` baselines, or SDP composed with it."""
+        return self.fsdp or self.strategy.startswith("fsdp")
 
     @property
     def param_bytes(self) -> int:
+        """Bytes per element of parameters, gradients and optimizer state (master copy)."""
         return DTYPES[self.dtype].itemsize
 
     @property
+    def compute_dtype(self) -> torch.dtype | None:
+        """The compute dtype under mixed precision, else None (compute in the storage dtype)."""
+        return COMPUTE_DTYPES.get(self.dtype)
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes per element FSDP all-gathers (parameters, cast to the compute dtype first)."""
+        dt = self.compute_dtype
+        return dt.itemsize if dt is not None else self.param_bytes
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per element of gradient reductions (mixed precision reduces in fp32)."""
+        return self.param_bytes
+
+    @property
+    def name(self) -> str:
+        """The strategy with its composition, e.g. ``b-sdp+fsdp+ac``."""
+        return self.strategy + ("+fsdp" if self.fsdp else "") + ("+ac" if self.ac else "")
+
+    @property
     def label(self) -> str:
-        return f"{self.strategy} (C={self.coverage:g})" if self.is_sdp else self.strategy
+        return f"{self.name} (C={self.coverage:g})" if self.is_sdp else self.name
 
     def replace(self, **changes: Any) -> BenchSpec:
         return dataclasses.replace(self, **changes)
@@ -115,6 +171,7 @@ class Built:
     optimizer: torch.optim.Optimizer
     plan: Plan | None  # SDP (and the SDP-emulated DDP of the estimator); None for FSDP/DDP
     comm_counter: Any = None  # DDPCommCounter for torch DDP
+    autocast: torch.dtype | None = None  # run forward under torch.autocast (mixed-precision DDP)
 
 
 def meta_model(spec: BenchSpec) -> tuple[Recipe, nn.Module]:
@@ -145,19 +202,11 @@ def make_bench_plan(spec: BenchSpec, model: nn.Module, recipe: Recipe) -> Plan:
 
 
 def checkpoint_units(model: nn.Module, recipe: Recipe) -> int:
-    """Put every unit (block) under activation checkpointing; returns how many.
+    """Put every unit (block) under activation checkpointing; returns how many. Names do not
+    change (``runtime.checkpointing``), so FSDP still finds the blocks at their unit paths."""
+    from subnetdp.runtime.checkpointing import checkpoint_blocks
 
-    ``checkpoint_wrapper`` is a module around the block, so parameter names gain a prefix;
-    that is harmless for DDP/FSDP, which never look names up in a plan.
-    """
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-    found = unit_modules(model, recipe.adapter)
-    for name, block in found:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, checkpoint_wrapper(block))
-    return len(found)
+    return checkpoint_blocks(model, [name for name, _ in unit_modules(model, recipe.adapter)])
 
 
 def build_rank(
@@ -182,41 +231,35 @@ def build_rank(
             model, plan=plan, adapter=recipe.adapter,
             strategy=spec.strategy if spec.is_sdp else "b-sdp",
             device=device, init_seed=spec.seed, bucket_cap_mb=spec.bucket_cap_mb,
+            fsdp=spec.fsdp, activation_checkpointing=spec.uses_ac,
+            param_dtype=spec.compute_dtype, reduce_dtype=_reduce_dtype(spec) if spec.fsdp else None,
         )
-        if spec.uses_ac:
-            checkpoint_units(sdp.module, recipe)
         return Built(sdp, _adamw(sdp), plan)
     full = build_full_model(model, recipe.adapter, device=device, seed=spec.seed)
-    if spec.uses_ac:
+    if spec.uses_ac:  # before the data-parallel wrapper (torchtitan's order)
         checkpoint_units(full, recipe)
     if spec.strategy.startswith("fsdp"):
-        return Built(_fully_shard(full, recipe, mesh), _adamw(full), None)
+        return Built(_fully_shard(spec, full, recipe, mesh), _adamw(full), None)
     return _torch_ddp(spec, full, device)
 
 
-def _fully_shard(model: nn.Module, recipe: Recipe, mesh: Any) -> nn.Module:
-    from torch.distributed.fsdp import fully_shard
+def _reduce_dtype(spec: BenchSpec) -> torch.dtype | None:
+    """FSDP's reduce dtype: fp32 under mixed precision (the master dtype), else the default."""
+    return DTYPES[spec.dtype] if spec.compute_dtype is not None else None
+
+
+def _fully_shard(spec: BenchSpec, model: nn.Module, recipe: Recipe, mesh: Any) -> nn.Module:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if mesh is None:
         raise ValueError("FSDP needs a DeviceMesh: pass mesh=init_device_mesh(device, (world,))")
+    policy = MixedPrecisionPolicy(param_dtype=spec.compute_dtype, reduce_dtype=_reduce_dtype(spec))
     # Blocks first, so each is one all-gather/reduce-scatter group; the root then takes what is
-    # left (embeddings, final norm, output layer). Unit paths name the blocks before wrapping,
-    # and a checkpoint wrapper sits at the same path, so shard what is there now.
-    names = recipe.adapter.unit_paths(model) if not _has_ac(model) else _ac_paths(model)
-    for name in names:
-        fully_shard(model.get_submodule(name), mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    # left (embeddings, final norm, output layer).
+    for name in recipe.adapter.unit_paths(model):
+        fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
-
-
-def _has_ac(model: nn.Module) -> bool:
-    return any("_checkpoint_wrapped_module" in n for n, _ in model.named_modules())
-
-
-def _ac_paths(model: nn.Module) -> list[str]:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-    return [n for n, m in model.named_modules() if isinstance(m, CheckpointWrapper)]
 
 
 def _torch_ddp(spec: BenchSpec, full: nn.Module, device: torch.device | str) -> Built:
@@ -232,7 +275,7 @@ def _torch_ddp(spec: BenchSpec, full: nn.Module, device: torch.device | str) -> 
     counter = DDPCommCounter()
     if dist.get_world_size() > 1:
         ddp.register_comm_hook(None, counter.make_hook())
-    return Built(ddp, _adamw(ddp), None, counter)
+    return Built(ddp, _adamw(ddp), None, counter, autocast=spec.compute_dtype)
 
 
 def _adamw(model: nn.Module) -> torch.optim.Optimizer:
@@ -250,7 +293,11 @@ def lm_step(
     before gradients are released (the estimator reads the state bytes there).
     """
     model, opt = built.model, built.optimizer
-    logits = model(tokens[:, :-1])
+    if built.autocast is not None:
+        with torch.autocast(tokens.device.type, dtype=built.autocast):
+            logits = model(tokens[:, :-1])
+    else:
+        logits = model(tokens[:, :-1])
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
     loss.backward()
     opt.step()

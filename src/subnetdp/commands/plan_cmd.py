@@ -66,7 +66,12 @@ def add_parser(subparsers: Any) -> None:
                         help="search strategies and coverages that fit in this many GB/worker")
     budget.add_argument("--batch", type=int, default=1, help="micro-batch per worker (default 1)")
     budget.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
-    budget.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    budget.add_argument("--dtype", choices=["fp32", "bf16", "bf16-mixed"], default="fp32",
+                        help="bf16: pure; bf16-mixed: bf16 compute, fp32 master state")
+    budget.add_argument("--fsdp", action="store_true",
+                        help="compose SDP options with FSDP2 over each holder group")
+    budget.add_argument("--ac", action="store_true",
+                        help="compose SDP options with activation checkpointing")
     p.set_defaults(func=run)
 
 
