@@ -249,16 +249,15 @@ def _reduce_dtype(spec: BenchSpec) -> torch.dtype | None:
 
 
 def _fully_shard(spec: BenchSpec, model: nn.Module, recipe: Recipe, mesh: Any) -> nn.Module:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from subnetdp.runtime.fsdp import shard_over_mesh
 
     if mesh is None:
         raise ValueError("FSDP needs a DeviceMesh: pass mesh=init_device_mesh(device, (world,))")
     policy = MixedPrecisionPolicy(param_dtype=spec.compute_dtype, reduce_dtype=_reduce_dtype(spec))
-    # Blocks first, so each is one all-gather/reduce-scatter group; the root then takes what is
-    # left (embeddings, final norm, output layer).
-    for name in recipe.adapter.unit_paths(model):
-        fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    blocks = [model.get_submodule(name) for name in recipe.adapter.unit_paths(model)]
+    shard_over_mesh(model, blocks, mesh, policy)
     return model
 
 

@@ -120,6 +120,23 @@ def shard_blocks(
     return sharded, traffic
 
 
+def shard_over_mesh(
+    module: nn.Module, blocks: Iterable[nn.Module], mesh: DeviceMesh,
+    mp_policy: MixedPrecisionPolicy,
+) -> list[GroupTraffic]:
+    """Plain FSDP2 (the baselines): ``fully_shard`` every block over ``mesh``, then the root,
+    which takes what is left (embeddings, norms, output layer). Returns per-step traffic."""
+    ranks = tuple(dist.get_process_group_ranks(mesh.get_group()))
+    traffic = []
+    for block in blocks:
+        traffic.append(GroupTraffic(ranks, sum(p.numel() for p in block.parameters()), 2))
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+    rest = sum(p.numel() for p in module.parameters()) - sum(t.numel for t in traffic)
+    traffic.append(GroupTraffic(ranks, rest, gathers=1))
+    fully_shard(module, mesh=mesh, mp_policy=mp_policy)
+    return traffic
+
+
 def local_full_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """``module``'s state with every sharded parameter gathered whole (collective over each
     parameter's mesh, in parameter order: [Note: one global order])."""

@@ -17,7 +17,7 @@ from subnetdp.models import Recipe
 from subnetdp.plan import Plan, make_plan
 from subnetdp.runtime import SubnetDataParallel
 from subnetdp.runtime.checkpointing import checkpoint_blocks
-from subnetdp.runtime.fsdp import GroupTraffic
+from subnetdp.runtime.fsdp import shard_over_mesh
 from subnetdp.subnet.build import build_full_model
 from subnetdp.subnet.neurons import make_neuron_plan
 from subnetdp.subnet.units import describe_units, unit_modules
@@ -73,7 +73,8 @@ def wrap_model(
         if cfg.ac:
             checkpoint_blocks(full, [name for name, _ in unit_modules(full, recipe.adapter)])
         if cfg.fsdp:
-            return fully_shard_baseline(full, recipe, device, param_dtype, cfg.reduce_dtype)
+            return fully_shard_baseline(full, recipe, device, param_dtype,
+                                        REDUCE_DTYPES[cfg.reduce_dtype or "fp32"])
         apply_ddp_baselines(cfg, recipe, full)
         if param_dtype is not None:
             autocast_forward(full, param_dtype)
@@ -92,12 +93,15 @@ def wrap_model(
                              output_scaling=cfg.output_scaling, refresh_every=cfg.refresh_every,
                              fsdp=cfg.fsdp, activation_checkpointing=cfg.ac,
                              param_dtype=param_dtype,
-                             reduce_dtype=COMPUTE_DTYPES[cfg.reduce_dtype or "fp32"])
+                             reduce_dtype=REDUCE_DTYPES[cfg.reduce_dtype or "fp32"]
+                             if cfg.fsdp else None)
     return sdp, None
 
 
 # the compute dtype: None = no mixed precision (parameters' own dtype, fp32)
 COMPUTE_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+# the dtype FSDP averages gradients in (stated explicitly: FSDP's own default is param_dtype)
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -115,26 +119,19 @@ class FSDPCommCounter:
 
 def fully_shard_baseline(
     model: nn.Module, recipe: Recipe, device: torch.device, param_dtype: torch.dtype | None,
-    reduce_dtype: str | None,
+    reduce_dtype: torch.dtype,
 ) -> tuple[nn.Module, FSDPCommCounter]:
     """The FSDP2 baseline (ZeRO-3 over the world): every block, then the root."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     mesh = DeviceMesh.from_group(dist.distributed_c10d._get_default_group(), device.type)
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype,
-                                  reduce_dtype=COMPUTE_DTYPES[reduce_dtype or "fp32"])
-    traffic = []
-    for _, block in unit_modules(model, recipe.adapter):
-        traffic.append(GroupTraffic(tuple(range(mesh.size())),
-                                    sum(p.numel() for p in block.parameters()), gathers=2))
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    rest = sum(p.numel() for p in model.parameters()) - sum(t.numel for t in traffic)
-    traffic.append(GroupTraffic(tuple(range(mesh.size())), rest, gathers=1))
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    traffic = shard_over_mesh(model, [b for _, b in unit_modules(model, recipe.adapter)], mesh,
+                              policy)
     param_bytes = (param_dtype or torch.float32).itemsize
-    reduce_bytes = (COMPUTE_DTYPES[reduce_dtype or "fp32"] or torch.float32).itemsize
-    return model, FSDPCommCounter(sum(t.bytes(param_bytes, reduce_bytes) for t in traffic))
+    return model, FSDPCommCounter(sum(t.bytes(param_bytes, reduce_dtype.itemsize)
+                                      for t in traffic))
 
 
 def autocast_forward(model: nn.Module, dtype: torch.dtype) -> None:
