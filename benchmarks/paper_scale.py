@@ -40,7 +40,8 @@ from subnetdp.bench.comm import analytic_comm, worst_comm
 from subnetdp.bench.estimate import GiB, ddp_default_bucket_bytes, estimate_memory, heaviest_rank
 from subnetdp.bench.report import memory_table, plot_rows, step_table
 from subnetdp.bench.step import run_step_bench
-from subnetdp.bench.strategies import BASELINES, BenchSpec, sdp_strategies
+from subnetdp.bench.strategies import BenchSpec
+from subnetdp.strategy import BASELINES, SDP_NAMES
 
 RESULTS = Path(__file__).parent / "results"
 COVERAGES = (0.5, 0.69)
@@ -60,7 +61,7 @@ WHY = ("Micro-batch and sequence: the llama recipes' training defaults (batch_si
 def paper_specs(model: str, world: int, batch: int, seq: int) -> list[BenchSpec]:
     base = BenchSpec(recipe=model, strategy="ddp", world=world, batch=batch, seq=seq)
     specs = [base.replace(strategy=s) for s in BASELINES]
-    for s in sdp_strategies():
+    for s in SDP_NAMES:
         specs += [base.replace(strategy=s, coverage=c) for c in COVERAGES]
     return specs
 
@@ -237,9 +238,9 @@ def measured_run(recipe: str, world: int, batch: int, seq: int, steps: int,
                  jobs: int) -> dict[str, Any]:
     base = BenchSpec(recipe=recipe, strategy="ddp", world=world, batch=batch, seq=seq)
     specs = [base.replace(strategy=s) for s in BASELINES]
-    specs += [base.replace(strategy=s, coverage=0.5) for s in sdp_strategies()]
+    specs += [base.replace(strategy=s, coverage=0.5) for s in SDP_NAMES]
     specs.append(base.replace(strategy="b-sdp", coverage=0.5, fsdp=True, ac=True))
-    summary = run_step_bench(specs, steps=steps, warmup=2)
+    summary = run_step_bench(specs, steps=steps, warmup=3)
     with mp.get_context("fork").Pool(jobs, maxtasksperchild=1) as pool:
         ests = pool.map(_worst_peak, specs, chunksize=1)
     for spec, est in zip(specs, ests, strict=True):

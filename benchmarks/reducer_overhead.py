@@ -20,9 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from subnetdp.models import get_recipe
+from subnetdp.parallelize import parallelize
 from subnetdp.plan import make_plan
-from subnetdp.runtime import SubnetDataParallel
-from subnetdp.subnet.build import build_full_model
 from subnetdp.subnet.units import describe_units
 from subnetdp.train.launch import init_distributed, launch, shutdown_distributed
 
@@ -37,12 +36,13 @@ def _worker(recipe_name: str, batch: int, seq: int, steps: int, warmup: int) -> 
             meta_a, meta_b = recipe.build_model(), recipe.build_model()
         units, shared = describe_units(meta_a, recipe.adapter)
         plan = make_plan(world=world, units=units, coverage=1.0, shared_size=shared)
-        ddp = nn.parallel.DistributedDataParallel(build_full_model(meta_a, recipe.adapter))
-        sdp = SubnetDataParallel(meta_b, plan=plan, adapter=recipe.adapter, device="cpu")
-        opts = {"ddp": torch.optim.AdamW(ddp.parameters(), lr=1e-3),
-                "b-sdp": torch.optim.AdamW(sdp.parameters(), lr=1e-3)}
-        models: dict[str, nn.Module] = {"ddp": ddp, "b-sdp": sdp}
-        vocab = sdp.module.output.out_features
+        # both from the one builder: torch DDP with bucket views, like the reducer
+        ranks = {"ddp": parallelize(meta_a, adapter=recipe.adapter, strategy="ddp"),
+                 "b-sdp": parallelize(meta_b, adapter=recipe.adapter, strategy="b-sdp",
+                                      plan=plan)}
+        opts = {k: torch.optim.AdamW(r.parameters(), lr=1e-3) for k, r in ranks.items()}
+        models: dict[str, nn.Module] = {k: r.model for k, r in ranks.items()}
+        vocab = ranks["b-sdp"].module.output.out_features
         g = torch.Generator().manual_seed(rank)
         times: dict[str, list[float]] = {"ddp": [], "b-sdp": []}
         for step in range(warmup + steps):
@@ -60,9 +60,10 @@ def _worker(recipe_name: str, batch: int, seq: int, steps: int, warmup: int) -> 
                     times[name].append(time.perf_counter() - t0)
         # same data, same init, everyone holds everything: the two must agree
         diff = max((a - b).abs().max().item() for a, b in
-                   zip(ddp.module.parameters(), sdp.module.parameters(), strict=True))
+                   zip(ranks["ddp"].module.parameters(), ranks["b-sdp"].module.parameters(),
+                       strict=True))
         return {"rank": rank, "times": times, "max_param_diff": diff,
-                "params": sum(p.numel() for p in sdp.parameters())}
+                "params": ranks["b-sdp"].params_trained}
     finally:
         shutdown_distributed()
 

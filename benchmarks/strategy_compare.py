@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from subnetdp.commands.report import comparison_table
-from subnetdp.commands.train_cmd import run_training
+from subnetdp.metrics.report import comparison_table
 from subnetdp.metrics.sinks import write_json_atomic
 from subnetdp.train.config import TrainConfig
+from subnetdp.train.run import run_training
 
 
 def _parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {label}: {args.recipe}, {args.nproc} workers, {args.steps} steps ==",
                   flush=True)
             summaries.append(run_training(cfg))
-        labels.append(label if label != cfg.strategy or cfg.strategy == "ddp"
+        labels.append(label if label != cfg.strategy or not cfg.strategy_value.is_sdp
                       else f"{label} (C={cfg.coverage})")
     table = comparison_table(*summaries, labels=labels)
     print(table)

@@ -2,7 +2,8 @@
 
 Each worker trains a structured subnetwork (some residual blocks, or some neurons) that still
 runs from input to loss; each parameter's gradient is averaged only among the workers that
-hold it. See ``SubnetDataParallel`` and ``subnetdp.plan.make_plan``.
+hold it. See ``SubnetDataParallel``, ``subnetdp.plan.make_plan`` and ``subnetdp.parallelize``
+(one rank's model for any strategy, baselines included).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["SubnetDataParallel", "__version__", "make_plan"]
+__all__ = ["SubnetDataParallel", "__version__", "make_plan", "parallelize"]
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import subnetdp` must not pull torch.distributed
@@ -19,6 +20,10 @@ def __getattr__(name: str) -> Any:  # lazy: `import subnetdp` must not pull torc
         from subnetdp.runtime.wrapper import SubnetDataParallel
 
         return SubnetDataParallel
+    if name == "parallelize":
+        from subnetdp.parallelize import parallelize
+
+        return parallelize
     if name == "make_plan":
         from subnetdp.plan import make_plan
 

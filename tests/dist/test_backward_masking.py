@@ -83,7 +83,7 @@ def _train(rank: int, world: int, plan, strategy: str, same_batch: bool, opt_nam
     opt_elems = sum(t.numel() for s in opt.state.values() for k, t in s.items()
                     if torch.is_tensor(t) and t.ndim > 0)
     return {"states": states, "grads": grads_held, "refresh": refresh,
-            "received": sdp.refresher.bytes_received if sdp.refresher else 0,
+            "received": sdp.backend.refresher.bytes_received if sdp.backend.refresher else 0,
             "trained": sdp.params_trained, "held": sdp.params_held, "opt": opt_elems,
             "memory": memory,
             "bytes": sdp.comm_stats.last_step_bytes}

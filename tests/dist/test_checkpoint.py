@@ -15,9 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
-from subnetdp.runtime.wrapper import STRATEGIES
+from subnetdp.strategy import NAMES
 from subnetdp.train.ckpt_io import assemble_full_state, list_checkpoints, read_manifest
-from subnetdp.train.config import STRATEGIES as TRAIN_STRATEGIES
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -61,12 +60,10 @@ def _snapshot(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("strategy", ["ddp", *STRATEGIES])
+@pytest.mark.parametrize("strategy", NAMES)
 def test_resume_reproduces_the_uninterrupted_run(
     strategy: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
-    if strategy not in TRAIN_STRATEGIES:
-        pytest.skip(f"{strategy} is not selectable in `subnetdp train` yet")
     run = Path(shutil.copytree(_run_dir(strategy, tmp_path_factory), tmp_path / "run"))
     losses, final = _losses(run), _final_state(run)
     assert [len(x) for x in losses] == [STEPS] * WORLD
@@ -89,7 +86,7 @@ def test_checkpoint_layout_and_manifest(tmp_path_factory: pytest.TempPathFactory
     assert not list((run / "checkpoints").glob(".*"))  # no staging folder left behind
 
 
-@pytest.mark.parametrize("strategy", ["ddp", *STRATEGIES])
+@pytest.mark.parametrize("strategy", NAMES)
 def test_export_loads_into_the_plain_model_and_reproduces_val_loss(
     strategy: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -98,8 +95,6 @@ def test_export_loads_into_the_plain_model_and_reproduces_val_loss(
 
     from subnetdp.models.llama.model import LLAMA_FLAVOURS, Llama  # the plain model class
 
-    if strategy not in TRAIN_STRATEGIES:
-        pytest.skip(f"{strategy} is not selectable in `subnetdp train` yet")
     run = _run_dir(strategy, tmp_path_factory)  # the runs of the resume test, when it ran
     summary = json.loads((run / "summary.json").read_text())
     out = tmp_path / "model.safetensors"
@@ -251,3 +246,20 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
     bad_step = int(err.split("not finite at step ")[1].split(" ")[0])
     assert read_manifest(found[-1])["step"] == bad_step  # saved after the last finite step
     assert not (run / "summary.json").exists()
+
+
+def test_losses_are_checked_at_log_steps_and_every_rank_stops_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Losses are read every --log-every steps ([Note: log steps]): a loss that goes NaN at an
+    early step stops the run at the first log step after it (before the first checkpoint),
+    naming the first bad step; every rank wrote the same steps' metrics and no more."""
+    run = tmp_path / "nan-window"
+    err = _err(["train", *TINY, "--strategy", "b-sdp", "--steps", "12", "--log-every", "4",
+                "--ckpt-every", "8", "--lr", "1e30", "--grad-clip", "0", "--out", str(run)],
+               capsys, code=1)
+    bad_step = int(err.split("not finite at step ")[1].split(" ")[0])
+    assert bad_step < 4 and "no checkpoint had been written" in err
+    assert not list_checkpoints(run / "checkpoints")
+    for r in range(WORLD):
+        assert [m["step"] for m in read_jsonl(run / "metrics" / f"rank{r}.jsonl")] == [0, 1, 2, 3]

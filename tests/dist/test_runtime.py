@@ -55,7 +55,7 @@ def _train_sdp(rank: int, world: int, plan, steps: int, bucket_cap_mb: float = 2
         "bytes": bytes_per_step,
         "collectives": collectives,
         "overlapped": overlapped,
-        "buckets": len(sdp.reducer.buckets),
+        "buckets": len(sdp.backend.reducer.buckets),
         "params_held": sdp.params_held,
         "held": sdp.held_units,
         "groups": len(sdp.groups),

@@ -70,10 +70,10 @@ def test_composed_runs_train_and_count_fsdp_traffic(lm_runs, tmp_path) -> None:
     _, plain = lm_runs["b-sdp"]
     out = tmp_path / "composed"
     composed = _train(out, *TINY_LM, "--strategy", "b-sdp", "--nproc", "2", "--coverage", "0.5",
-                      "--fsdp", "--ac", "--dtype", "bf16")
+                      "--fsdp", "--ac", "--dtype", "bf16-mixed")
     plan = Plan.from_json((out / "plan.json").read_text())
     assert 0 < composed["val_loss"] < 20
-    assert composed["config"]["fsdp"] and composed["config"]["dtype"] == "bf16"
+    assert composed["config"]["fsdp"] and composed["config"]["dtype"] == "bf16-mixed"
     for r, p in zip(composed["per_rank"], plain["per_rank"], strict=True):
         assert r["params_held"] < p["params_held"]  # the shared parameters are sharded
         # 2 workers at C = 0.5: every unit has one holder (nothing to exchange); the shared
@@ -121,7 +121,7 @@ def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys) -> None:
 
 def test_plan_for_another_world_is_refused(tmp_path, capsys) -> None:
     plan_file = tmp_path / "plan.json"
-    assert main(["plan", "--model", "llama-tiny", "--world", "4", "--coverage", "0.5",
+    assert main(["plan", "--recipe", "llama-tiny", "--world", "4", "--coverage", "0.5",
                  "--save", str(plan_file)]) == 0
     capsys.readouterr()
     code = main(["train", *TINY_LM, "--plan-file", str(plan_file), "--nproc", "2",

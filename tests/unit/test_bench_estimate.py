@@ -121,11 +121,12 @@ def test_analytic_comm_of_sdp_with_fsdp() -> None:
 
 
 def test_comm_record_from_counters() -> None:
-    stats = SimpleNamespace(by_group={(0, 1, 2, 3): 800, (0, 1): 400})
-    rec = comm_record(SimpleNamespace(comm_stats=stats), None, steps=2, world=4)
+    stats = SimpleNamespace(by_group={(0, 1, 2, 3): 800, (0, 1): 400}, collective="all_reduce")
+    rec = comm_record(stats, steps=2)
     assert rec["by_group"]["0,1"] == {"size": 2, "payload": 200, "ring": 200.0}
     assert rec["comm/bytes_per_step"] == 600 and rec["comm/ring_bytes_per_step"] == 800.0
-    ddp = comm_record(object(), SimpleNamespace(total_bytes=1000), steps=10, world=2)
+    ddp = comm_record(SimpleNamespace(by_group={(0, 1): 1000}, collective="all_reduce"),
+                      steps=10)
     assert ddp["by_group"] == {"0,1": {"size": 2, "payload": 100.0, "ring": 100.0}}
     summary = comm_summary([{"rank": 0, "comm": rec}, {"rank": 1, "comm": ddp}])
     assert summary["busiest_rank"] == 0 and summary["per_rank_bytes_per_step"] == [600, 100.0]
@@ -135,11 +136,15 @@ def test_composition_labels_and_flags(capsys) -> None:  # type: ignore[no-untype
     spec = BenchSpec(strategy="b-sdp", fsdp=True, ac=True, coverage=0.5, **TINY)
     assert spec.label == "b-sdp+fsdp+ac (C=0.5)" and spec.uses_fsdp and spec.uses_ac
     assert BenchSpec(strategy="fsdp+ac", **TINY).label == "fsdp+ac"
-    args = ["bench", "comm", "--model", "llama-tiny", "--world", "4", "--seq", "32"]
+    args = ["bench", "comm", "--recipe", "llama-tiny", "--world", "4", "--seq-len", "32"]
     assert main([*args, "--strategy", "b-sdp", "--fsdp", "--ac", "--json"]) == 0
     assert '"label": "b-sdp+fsdp+ac (C=0.5)"' in capsys.readouterr().out
-    assert main([*args, "--strategy", "ddp", "--ac"]) == 2  # the baseline is named ddp+ac
-    assert "ddp+ac" in capsys.readouterr().err
+    # --fsdp/--ac compose a baseline as in `train`: ddp + both is the fsdp+ac baseline
+    for argv in (["--strategy", "ddp", "--fsdp", "--ac"], ["--strategy", "fsdp+ac"]):
+        assert main([*args, *argv, "--json"]) == 0
+        assert '"label": "fsdp+ac"' in capsys.readouterr().out
+    assert main([*args, "--strategy", "nb-sdp", "--fsdp"]) == 2
+    assert "does not compose with nb-sdp" in capsys.readouterr().err
 
 
 def test_bad_spec_says_how_to_fix() -> None:

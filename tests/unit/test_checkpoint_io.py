@@ -11,12 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from subnetdp.train.checkpoint import (
-    Checkpointer,
-    check_compatible,
-    resume_config,
-    truncate_metrics,
-)
+from subnetdp.train.checkpoint import Checkpointer, check_compatible
 from subnetdp.train.ckpt_io import (
     FORMAT,
     MANIFEST,
@@ -34,6 +29,7 @@ from subnetdp.train.ckpt_io import (
     write_shard,
 )
 from subnetdp.train.config import TrainConfig
+from subnetdp.train.resume import resume_config, truncate_metrics
 
 
 def _checkpoint(root: Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
@@ -171,6 +167,8 @@ def test_exact_round_trip_in_one_process(tmp_path: Path) -> None:
     from the restored RNG)."""
     from subnetdp.plan import make_plan
     from subnetdp.plan.plan import Unit
+    from subnetdp.runtime.rank import TorchDDPRank
+    from subnetdp.strategy import get_strategy
     from subnetdp.train.launch import init_distributed, shutdown_distributed
 
     init_distributed("gloo")
@@ -181,12 +179,13 @@ def test_exact_round_trip_in_one_process(tmp_path: Path) -> None:
 
         def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, object, Checkpointer]:
             torch.manual_seed(seed)
-            model = nn.parallel.DistributedDataParallel(_Net())
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            rank = TorchDDPRank(_Net(), strategy=get_strategy("ddp"),
+                                device=torch.device("cpu"), bucket_cap_mb=25.0)
+            opt = torch.optim.AdamW(rank.parameters(), lr=1e-2)
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
-            ckpt = Checkpointer(tmp_path, model, opt, sched, plan=plan, cfg=cfg, rank=0,
+            ckpt = Checkpointer(tmp_path, rank, opt, sched, plan=plan, cfg=cfg, rank=0,
                                 world=1, info=info)
-            return model, opt, sched, ckpt
+            return rank.model, opt, sched, ckpt
 
         def step(model: nn.Module, opt: torch.optim.Optimizer, sched: object, i: int) -> float:
             x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i))

@@ -1,10 +1,12 @@
-"""`subnetdp plan`: JSON and table output, explicit matrices, model units, user errors."""
+"""`subnetdp plan`: JSON and table output, plan files, model units, user errors, no torch."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,15 +68,15 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
 def test_explicit_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     f = tmp_path / "m.json"
     f.write_text("[[1, 1, 0], [0, 1, 1]]")
-    rc, out, _ = _run(["--explicit", str(f), "--json"], capsys)
+    rc, out, _ = _run(["--plan-file", str(f), "--json"], capsys)
     assert rc == 0
     rep = json.loads(out)
     assert rep["scheme"] == "explicit" and rep["assignment"] == [[0, 1], [1, 2]]
     assert rep["holders"] == [1, 2, 1]
-    # A saved plan file works as --explicit input too (units and shared size kept).
+    # A saved plan works as --plan-file input too (units and shared size kept).
     saved = tmp_path / "p.json"
     saved.write_text(make_plan(world=2, units=4, coverage=0.75, shared_size=2).to_json())
-    rc, out, _ = _run(["--explicit", str(saved), "--json"], capsys)
+    rc, out, _ = _run(["--plan-file", str(saved), "--json"], capsys)
     assert rc == 0 and json.loads(out)["shared_size"] == 2
 
 
@@ -84,7 +86,7 @@ def test_explicit_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
         (["--world", "4", "--units", "8", "--coverage", "0"], r"coverage must be in \(0, 1\]"),
         (["--world", "4", "--units", "8", "--coverage", "1.5"], r"coverage must be in"),
         (["--world", "2", "--units", "8", "--coverage", "0.25"], r"minimum coverage"),
-        (["--world", "4", "--coverage", "0.5"], r"give --units N or --model NAME"),
+        (["--world", "4", "--coverage", "0.5"], r"give --units N or --recipe NAME"),
         (["--units", "8", "--coverage", "0.5"], r"give --world N"),
         (["--world", "4", "--units", "8"], r"give --coverage"),
         (["--world", "4", "--units", "8", "--coverage", "0.25", "--scheme", "random"],
@@ -103,20 +105,43 @@ def test_user_errors_exit_2(
 def test_explicit_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     f = tmp_path / "m.json"
     f.write_text("[[1, 0, 0], [0, 1, 0]]")
-    rc, _, err = _run(["--explicit", str(f)], capsys)
+    rc, _, err = _run(["--plan-file", str(f)], capsys)
     assert rc == 2 and "unit(s) 2 (unit2) have no holder" in err
     f.write_text("[[1, 1], [1, 1]]")
-    rc, _, err = _run(["--explicit", str(f), "--world", "3"], capsys)
+    rc, _, err = _run(["--plan-file", str(f), "--world", "3"], capsys)
     assert rc == 2 and "--world 3 but the explicit matrix has 2 rows" in err
-    rc, _, err = _run(["--explicit", str(f), "--coverage", "0.5"], capsys)
-    assert rc == 2 and "do not apply with --explicit" in err
-    rc, _, err = _run(["--explicit", str(tmp_path / "missing.json")], capsys)
-    assert rc == 2 and "cannot read --explicit" in err
+    rc, _, err = _run(["--plan-file", str(f), "--coverage", "0.5"], capsys)
+    assert rc == 2 and "do not apply with --plan-file" in err
+    rc, _, err = _run(["--plan-file", str(tmp_path / "missing.json")], capsys)
+    assert rc == 2 and "cannot read --plan-file" in err
 
 
-def test_units_and_model_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+def test_dtype_sets_the_bytes_per_element(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--world", "2", "--units", "4", "--coverage", "0.5", "--json"]
+    for dtype, width in (("fp32", 4), ("bf16-mixed", 4), ("bf16", 2)):
+        rc, out, _ = _run([*argv, "--dtype", dtype], capsys)
+        assert rc == 0 and json.loads(out)["bytes_per_worker"][0]["params"] == 2 * width
+
+
+def test_units_and_recipe_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        _run(["--world", "2", "--units", "4", "--model", "llama-tiny", "--coverage", "1"], capsys)
+        _run(["--world", "2", "--units", "4", "--recipe", "llama-tiny", "--coverage", "1"],
+             capsys)
+
+
+@pytest.mark.parametrize("extra", [["--units", "12", "--coverage", "0.5"], ["--plan-file"]])
+def test_plan_without_a_recipe_imports_no_torch(extra: list[str], tmp_path: Path) -> None:
+    if extra == ["--plan-file"]:
+        path = tmp_path / "p.json"
+        path.write_text(make_plan(world=8, units=12, coverage=0.5).to_json())
+        extra = ["--plan-file", str(path)]
+    argv = ["plan", "--world", "8", *extra]
+    code = ("import sys; from subnetdp.cli import main; "
+            f"assert main({argv!r}) == 0; assert 'torch' not in sys.modules, 'torch imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("plan: 8 workers, 12 units")
 
 
 def _require_models() -> None:
@@ -128,7 +153,8 @@ def _require_models() -> None:
 @pytest.mark.parametrize("name", ["llama-tiny", "resnet18-fmnist"])
 def test_model_units(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     _require_models()
-    rc, out, err = _run(["--world", "4", "--model", name, "--coverage", "0.5", "--json"], capsys)
+    rc, out, err = _run(["--world", "4", "--recipe", name, "--coverage", "0.5", "--json"],
+                        capsys)
     assert rc == 0, err
     rep = json.loads(out)
     assert rep["model"] == name and rep["shared_size"] > 0
@@ -143,5 +169,6 @@ def test_model_units(name: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
     _require_models()
-    rc, out, err = _run(["--world", "2", "--model", "no-such-model", "--coverage", "1"], capsys)
+    rc, out, err = _run(["--world", "2", "--recipe", "no-such-model", "--coverage", "1"],
+                        capsys)
     assert rc == 2 and out == "" and err.startswith("subnetdp plan: error: ")

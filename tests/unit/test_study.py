@@ -191,7 +191,7 @@ def test_resumability(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
             _summary(cell, 0.9, 1.0, "val_accuracy")))
         return {}
 
-    monkeypatch.setattr("subnetdp.commands.train_cmd.run_training", fake_run_training)
+    monkeypatch.setattr("subnetdp.train.run.run_training", fake_run_training)
     results = run_suite(suite, tmp_path, log=lambda m: None)
     assert trained == [str(tmp_path / half.run_name_in(2))]
     by = {r.cell: r for r in results}
@@ -201,3 +201,55 @@ def test_resumability(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rows = all_rows(suite, results)["resnet"]["step"]
     d = next(r for r in rows if r.method == diverged.method and r.coverage == 0.5)
     assert d.quality.failed == 1 and "diverged" in rows_table(IMG, rows)
+
+
+def test_remeasure_ddp_memory_reruns_only_torch_ddp_cells(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from subnetdp.study.remeasure import remeasure_ddp_memory
+    from subnetdp.study.results import write_results
+
+    suite = Suite("t", (IMG,), coverages=(0.5,), seeds=2, nproc=2)
+    _fake_runs(tmp_path / "runs", suite)
+    results = run_suite(suite, tmp_path / "runs", log=lambda m: None)
+    write_results(suite, results, tmp_path / "out", command="c", plots=False)
+    trained: list[str] = []
+    change = {"memory": 0.5, "quality": 0.0}
+
+    def fake_run_training(cfg, *, start_method=None):  # type: ignore[no-untyped-def]
+        name = "/".join(Path(cfg.out).parts[-2:])  # task/cell
+        trained.append(name)
+        summary = json.loads((tmp_path / "runs" / name / "summary.json").read_text())
+        summary["val_accuracy"] += change["quality"]
+        for r in summary["per_rank"]:
+            r["peak_memory_bytes"] *= change["memory"]
+        Path(cfg.out).mkdir(parents=True)
+        (Path(cfg.out) / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    def remeasure(runs: str) -> list[Path]:
+        return remeasure_ddp_memory(suite, IMG, tmp_path / "out", tmp_path / runs,
+                                    log=lambda m: None, plots=False)
+
+    monkeypatch.setattr("subnetdp.train.run.run_training", fake_run_training)
+    md = tmp_path / "out" / "quality_resnet.md"
+    before = md.read_text()
+    # b-sdp: quality, Δ, val loss, params held, memory (MiB), memory / ddp
+    b_sdp = "| b-sdp | 0.5 | 40 | 0.5500 ± 0.0707 | -0.500 | 1.500 ± 0.000 | 0.50 | 0.5 |"
+    assert f"{b_sdp} 0.50 |" in before
+    change.update(memory=0.5, quality=0.2)  # beyond the seeds' spread (std 0.07): refused
+    with pytest.raises(RuntimeError, match="differs from the stored"):
+        remeasure("a")
+    assert md.read_text() == before  # nothing written
+    change.update(memory=0.5, quality=0.007)  # float rounding grown by training: accepted
+    trained.clear()
+    remeasure("c")
+    # seed 0 of ddp, stochastic depth (both budgets) and dropout; no SDP cell, no seed 1
+    assert sorted(trained) == ["resnet/ddp+dropout-C0.5-s40-seed0",
+                               "resnet/ddp+sd-C0.5-s40-seed0", "resnet/ddp+sd-C0.5-s80-seed0",
+                               "resnet/ddp-s40-seed0"]
+    text = md.read_text()
+    # b-sdp keeps its 0.5 MiB; DDP's peak halved, so b-sdp's ratio to it is 1.00 now
+    assert f"{b_sdp} 1.00 |" in text
+    assert "re-measured by `python -m subnetdp.study.remeasure`" in text
+    assert "within 0.10 seed std of its stored quality" in text
+    assert remeasure("d") == []  # done once

@@ -18,13 +18,8 @@ from typing import Any
 
 from subnetdp.bench.comm import analytic_comm, worst_comm
 from subnetdp.bench.estimate import estimate_memory
-from subnetdp.bench.strategies import (
-    BASELINES,
-    FSDP_COMPOSABLE,
-    BenchSpec,
-    meta_model,
-    sdp_strategies,
-)
+from subnetdp.bench.strategies import FSDP_COMPOSABLE, BenchSpec, meta_model
+from subnetdp.strategy import BASELINES, SDP_NAMES
 
 GiB = float(1 << 30)
 GB = 1e9
@@ -59,7 +54,7 @@ def _num_units(spec: BenchSpec) -> int:
     recipe, meta = meta_model(spec)
     plan = make_bench_plan(spec.replace(coverage=1.0), meta, recipe)
     # neuron level: units per layer are the groups (= world); block level: the blocks
-    neuron = spec.strategy in ("n-sdp", "nb-sdp")
+    neuron = spec.strategy_value.neuron_level
     return min(spec.world, plan.num_units) if neuron else plan.num_units
 
 
@@ -74,15 +69,15 @@ def plan_budget(
     if memory_gb <= 0:
         raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
     budget = int(memory_gb * GB)
-    chosen = strategies or (*BASELINES, *(s for s in sdp_strategies()
+    chosen = strategies or (*BASELINES, *(s for s in SDP_NAMES
                                           if not fsdp or s in FSDP_COMPOSABLE))
     options: list[Option] = []
     for strategy in chosen:
-        sdp = strategy not in BASELINES
-        spec = base.replace(strategy=strategy, coverage=1.0, fsdp=fsdp and sdp, ac=ac and sdp)
-        if not sdp:
+        spec = base.replace(strategy=strategy, coverage=1.0)
+        if not spec.is_sdp:
             options.append(_option(spec, estimator(spec), budget))
         else:
+            spec = spec.replace(fsdp=fsdp, ac=ac)
             options.append(_best_coverage(spec, budget, estimator))
     return sorted(options, key=lambda o: (not o.fits, -o.spec.coverage, o.comm_ring_bytes,
                                           o.peak_bytes))
@@ -129,31 +124,6 @@ def format_options(options: list[Option], base: BenchSpec, memory_gb: float) -> 
         lines.append(f"{o.spec.label:<26} {'yes' if o.fits else 'no':>4} "
                      f"{o.peak_bytes / GB:>9.2f} {o.comm_ring_bytes / 1e6:>13.1f}")
     if not any(o.fits for o in options):
-        lines.append("nothing fits: lower --batch or --seq, use bf16, compose with --fsdp/--ac,"
-                     " or add workers")
+        lines.append("nothing fits: lower --batch-size or --seq-len, use bf16-mixed or bf16, "
+                     "compose with --fsdp/--ac, or add workers")
     return "\n".join(lines)
-
-
-def run_budget(args: Any) -> int:
-    """``subnetdp plan --memory-gb G --model M --world N [--batch --seq --dtype --fsdp --ac
-    --json]``."""
-    import json
-    import sys
-
-    from subnetdp.bench.strategies import BenchSpec
-
-    try:
-        if args.model is None or args.world is None:
-            raise ValueError("--memory-gb needs --model NAME and --world N")
-        base = BenchSpec(recipe=args.model, strategy="ddp", world=args.world, batch=args.batch,
-                         seq=args.seq, dtype=args.dtype)
-        options = plan_budget(base, args.memory_gb, fsdp=getattr(args, "fsdp", False),
-                              ac=getattr(args, "ac", False))
-    except ValueError as e:
-        print(f"subnetdp plan: error: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps({"memory_gb": args.memory_gb, "options": [o.to_dict() for o in options]}))
-    else:
-        print(format_options(options, base, args.memory_gb))
-    return 0

@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from subnetdp.bench.strategies import (
-    DTYPES,
     OPTIMIZER_STATES,
     BenchSpec,
     Built,
@@ -40,6 +39,7 @@ from subnetdp.bench.strategies import (
     vocab_size,
 )
 from subnetdp.metrics.memory import CATEGORIES
+from subnetdp.parallelize import storage_dtype
 from subnetdp.plan import Plan, worker_bytes
 from subnetdp.subnet.units import unit_modules
 
@@ -143,18 +143,13 @@ def _estimate_rank(spec: BenchSpec, rank: int) -> RankEstimate:
 
     dist.init_process_group("fake", rank=rank, world_size=spec.world, store=FakeStore())
     try:
-        mesh = None
-        if spec.strategy.startswith("fsdp"):
-            from torch.distributed.device_mesh import init_device_mesh
-
-            mesh = init_device_mesh("cpu", (spec.world,))  # outside fake mode (real metadata)
         vocab = vocab_size(spec)
         recipe, meta = meta_model(spec)  # real meta tensors: fake mode then allocates fakes
         with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
             # the reducer compares data_ptr()s, which fake tensors lack (views are attached
             # before forward, so the comparison's outcome does not change the memory)
             warnings.simplefilter("ignore", UserWarning)
-            built = build_rank(spec, mesh=mesh, fake=True, prebuilt=(recipe, meta))
+            built = build_rank(spec, fake=True, prebuilt=(recipe, meta))
             tokens = torch.randint(0, vocab, (spec.batch, spec.seq + 1))
             state: dict[str, int] = {}
             peak = _second_step_peak(built, tokens, state)
@@ -168,12 +163,9 @@ def _estimate_rank(spec: BenchSpec, rank: int) -> RankEstimate:
 
 def _second_step_peak(built: Built, tokens: torch.Tensor, state: dict[str, int]) -> Any:
     from subnetdp.metrics.memory import make_tracker
-    from subnetdp.runtime import SubnetDataParallel
 
     tracker = make_tracker()  # copes with backward masking's frozen parameters
-    model = built.model
-    modules = model.tracked_modules() if isinstance(model, SubnetDataParallel) else [model]
-    tracker.track_external(*modules, built.optimizer)
+    tracker.track_external(*built.rank.tracked_modules(), built.optimizer)
     with tracker:
         lm_step(built, tokens)
         tracker.reset_mod_stats()  # per-module stats refuse a second iteration otherwise
@@ -205,12 +197,9 @@ def _nbytes(t: torch.Tensor) -> int:
 def held_state_bytes(built: Built) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state (per-parameter tensors; AdamW's
     scalar step counters excluded) this rank holds right now."""
-    from subnetdp.runtime import SubnetDataParallel
-
-    model = built.model
     # Stored parameters (backward masking stores the full model) vs trained ones (gradients).
-    stored = list((model.module if isinstance(model, SubnetDataParallel) else model).parameters())
-    params = list(model.parameters())
+    stored = list(built.rank.module.parameters())
+    params = list(built.rank.parameters())
     opt_bytes = 0
     for st in built.optimizer.state.values():
         opt_bytes += sum(_nbytes(v) for v in st.values()
@@ -231,12 +220,11 @@ def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, i
     if plan is not None and spec.fsdp:
         return FsdpLayout(spec, plan).state(rank)
     if plan is not None:
-        masking = "backward" if spec.strategy in ("bb-sdp", "nb-sdp") else "forward"
         wb = worker_bytes(plan, rank, param_bytes=width, optimizer_states=OPTIMIZER_STATES,
-                          masking=masking)
+                          masking=spec.strategy_value.cost_masking)
         return {"params": wb.params, "grads": wb.grads, "optimizer": wb.optimizer}
     _, meta = meta_model(spec)
-    if spec.strategy.startswith("fsdp"):
+    if spec.uses_fsdp:
         elems = sum(fsdp_shard_numel(tuple(p.shape), spec.world, rank)
                     for p in meta.parameters())
     else:
@@ -277,7 +265,7 @@ class FsdpLayout:
 
     def frozen_elems(self, rank: int) -> int:
         """Non-held units kept whole under backward masking (0 under forward masking)."""
-        if self.spec.strategy not in ("bb-sdp", "nb-sdp"):
+        if not self.spec.strategy_value.backward_masked:
             return 0
         held = set(self.plan.held_units(rank))
         return sum(math.prod(s) for u, shapes in enumerate(self.shapes) if u not in held
@@ -285,7 +273,7 @@ class FsdpLayout:
 
     def state(self, rank: int) -> dict[str, int]:
         width = self.spec.param_bytes
-        frozen_dtype = self.spec.compute_dtype or DTYPES[self.spec.dtype]
+        frozen_dtype = self.spec.compute_dtype or storage_dtype(self.spec.composition())
         trained = self.trained_elems(rank)
         return {"params": trained * width + self.frozen_elems(rank) * frozen_dtype.itemsize,
                 "grads": trained * width, "optimizer": OPTIMIZER_STATES * trained * width}

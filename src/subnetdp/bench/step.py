@@ -20,10 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from subnetdp.bench.strategies import BenchSpec, Built, build_rank, lm_step, vocab_size
+from subnetdp.bench.strategies import BenchSpec, build_rank, lm_step, vocab_size
 from subnetdp.metrics.comm import comm_record
 from subnetdp.metrics.memory import measure_step_memory
-from subnetdp.runtime import SubnetDataParallel
+
+MIN_WARMUP = 3
 
 
 def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
@@ -31,12 +32,7 @@ def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
     """Body of one worker (process group already up); results keyed by ``spec.label``."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
         torch.device("cpu"))
-    mesh = None
-    if any(s.strategy.startswith("fsdp") for s in specs):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(dev.type, (world,))
-    built = {s.label: build_rank(s, device=dev, mesh=mesh) for s in specs}
+    built = {s.label: build_rank(s, device=dev) for s in specs}
     vocab = vocab_size(specs[0])
     g = torch.Generator().manual_seed(1000 + rank)
     times: dict[str, list[float]] = {k: [] for k in built}
@@ -47,13 +43,12 @@ def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
         order = labels[step % len(labels):] + labels[: step % len(labels)]
         for label in order:
             b = built[label]
-            if step == warmup - 1 or (warmup == 0 and step == 0):
-                # steady state (optimizer state exists): measured, not timed
-                sdp = b.model if isinstance(b.model, SubnetDataParallel) else None
+            if step == warmup - 1:
+                # steady state (optimizer state exists, DDP has rebuilt its buckets in
+                # gradient order during the second step): measured, not timed
                 _, rep = measure_step_memory(
-                    partial(lm_step, b, tokens),
-                    modules=sdp.tracked_modules() if sdp else [b.model],
-                    optimizers=[b.optimizer], grad_tensors=sdp.grad_buffers() if sdp else [])
+                    partial(lm_step, b, tokens), modules=b.rank.tracked_modules(),
+                    optimizers=[b.optimizer], grad_tensors=b.rank.grad_buffers())
                 memory[label] = rep.to_dict()
                 continue
             _sync(dev)
@@ -66,14 +61,10 @@ def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
         "rank": rank,
         "times": times,
         "memory": memory,
-        "comm": {k: comm_record(b.model, b.comm_counter, steps=warmup + steps, world=world)
+        "comm": {k: comm_record(b.rank.comm_stats, steps=warmup + steps)
                  for k, b in built.items()},
-        "params_held": {k: _held(b) for k, b in built.items()},
+        "params_held": {k: b.rank.params_held for k, b in built.items()},
     }
-
-
-def _held(b: Built) -> int:
-    return sum(getattr(p, "_local_tensor", p).numel() for p in b.model.parameters())
 
 
 def _sync(dev: torch.device) -> None:
@@ -91,7 +82,7 @@ def _launched(specs: list[BenchSpec], steps: int, warmup: int, device: str) -> d
         shutdown_distributed()
 
 
-def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 2,
+def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 3,
                    device: str = "cpu") -> dict[str, Any]:
     """Launch ``specs[0].world`` workers and summarise: per strategy, the median step time
     over all ranks and steps (the slowest rank's median too), its ratio to ``ddp`` when
@@ -104,8 +95,9 @@ def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 2,
     if len({s.label for s in specs}) != len(specs):  # results are keyed by label
         raise ValueError("two specs of one step benchmark have the same label (strategy, "
                          "composition, coverage); e.g. run one dtype per benchmark")
-    if warmup < 1:
-        raise ValueError("--warmup must be >= 1: the memory step runs during warm-up")
+    if warmup < MIN_WARMUP:
+        raise ValueError(f"--warmup must be >= {MIN_WARMUP}: memory is measured on the last "
+                         "warm-up step, after DDP's second step has rebuilt its buckets")
     results = launch(_launched, (specs, steps, warmup, device), nproc=worlds.pop(),
                      run_id="subnetdp-bench-step")
     return summarise(specs, [results[r] for r in sorted(results)])
@@ -118,10 +110,7 @@ def summarise(specs: list[BenchSpec], per_rank: list[dict[str, Any]]) -> dict[st
         all_t = [t for r in per_rank for t in r["times"][k]]
         mems = [r["memory"][k] for r in per_rank]
         worst = max(mems, key=lambda m: m["peak_bytes"])
-        # The FSDP2 baselines issue their collectives themselves and nothing counts them
-        # (analytic only); composed with SDP, the wrapper reports its FSDP traffic per group.
-        counted = not s.strategy.startswith("fsdp")
-        comms = [r["comm"][k] for r in per_rank] if counted else None
+        comms = [r["comm"][k] for r in per_rank]
         rows[k] = {
             "spec": asdict(s),
             "median_step_s": statistics.median(all_t) if all_t else float("nan"),

@@ -1,16 +1,17 @@
 """``subnetdp bench``: estimated memory, analytic communication, measured step time.
 
-    subnetdp bench memory --model llama-1b --world 8 --strategy b-sdp --coverage 0.69 \\
-        --batch 1 --seq 2048 [--fsdp] [--ac] [--dtype fp32|bf16|bf16-mixed] [--json]
-    subnetdp bench comm   --model llama-1b --world 8 --strategy b-sdp --coverage 0.69 [--json]
-    subnetdp bench step   --model llama-tiny --world 4 --batch 8 --seq 128 \\
-        [--strategies ddp,b-sdp,...] [--coverage 0.5] [--steps 10] [--warmup 2] [--json]
+    subnetdp bench memory --recipe llama-1b --world 8 --strategy b-sdp --coverage 0.69 \\
+        --batch-size 1 --seq-len 2048 [--fsdp] [--ac] [--dtype fp32|bf16-mixed|bf16] [--json]
+    subnetdp bench comm   --recipe llama-1b --world 8 --strategy b-sdp --coverage 0.69 [--json]
+    subnetdp bench step   --recipe llama-tiny --world 4 --batch-size 8 --seq-len 128 \\
+        [--strategies ddp,b-sdp,...] [--coverage 0.5] [--steps 10] [--warmup 3] [--json]
     subnetdp bench all    (memory and comm for every strategy, one table)
 
 ``memory`` runs one real step per distinct plan row under fake tensors and a fake process group
 (no memory is allocated; minutes for llama-1b on 2 cores). ``step`` starts real workers.
-``--fsdp``/``--ac`` compose the SDP strategies with FSDP2 (per holder group) and activation
-checkpointing (``b-sdp+fsdp+ac``); baselines keep their own names (``ddp+ac``, ``fsdp+ac``).
+``--strategy`` takes a strategy or a composed name (``fsdp+ac``, ``b-sdp+fsdp``); ``--fsdp``/
+``--ac`` compose it as in ``train`` (``--strategy ddp --fsdp --ac`` is ``fsdp+ac``). In lists
+(``step``, ``all``) they compose the SDP strategies only: the baselines are listed by name.
 """
 
 from __future__ import annotations
@@ -20,58 +21,65 @@ import json
 import sys
 from typing import Any
 
+from subnetdp.commands.options import (
+    add_batch_arguments,
+    add_composition_arguments,
+    add_dtype_argument,
+    add_recipe_argument,
+    add_strategy_argument,
+    strategy_list,
+)
+
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="memory estimate, communication, step time",
                               description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("what", choices=["memory", "comm", "step", "all"])
-    p.add_argument("--model", default="llama-tiny", help="a language-model recipe")
+    add_recipe_argument(p, default="llama-tiny", help="a language-model recipe (default "
+                                                      "%(default)s)")
     p.add_argument("--world", type=int, default=8, help="number of workers")
-    p.add_argument("--strategy", default="b-sdp", help="memory/comm: one strategy")
-    p.add_argument("--strategies", help="step/all: comma-separated (default: all of them)")
+    add_strategy_argument(p, default="b-sdp", labels=True)
+    p.add_argument("--strategies", type=strategy_list,
+                   help="step/all: comma-separated, as --strategy (default: all of them)")
     p.add_argument("--coverage", type=float, default=0.5, help="SDP coverage (default 0.5)")
-    p.add_argument("--batch", type=int, default=1, help="micro-batch per worker")
-    p.add_argument("--seq", type=int, default=2048, help="sequence length")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "bf16-mixed"], default="fp32",
-                   help="fp32; bf16 (pure: parameters, gradients, optimizer state in bf16); "
-                        "bf16-mixed (bf16 compute, fp32 master state; = train's --dtype bf16)")
-    p.add_argument("--fsdp", action="store_true",
-                   help="SDP strategies: shard each held unit over its holders (FSDP2) and "
-                        "shared parameters over all workers (b-sdp, bb-sdp)")
-    p.add_argument("--ac", action="store_true",
-                   help="SDP strategies: activation checkpointing per block")
+    add_batch_arguments(p, batch_size=1, seq_len=2048, default_note="default %(default)s")
+    add_dtype_argument(p)
+    add_composition_arguments(p)
     p.add_argument("--steps", type=int, default=10, help="step: timed steps after warm-up")
-    p.add_argument("--warmup", type=int, default=2, help="step: warm-up steps (memory step)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="step: warm-up steps (>= 3; the last one is the memory step)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="step: device")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
-def _spec(args: argparse.Namespace, strategy: str, *, only_sdp: bool = False) -> Any:
-    """``only_sdp``: apply --fsdp/--ac to SDP strategies only (lists mixing baselines); one
-    strategy asked for by name takes them as given (a baseline with them is an error)."""
-    from subnetdp.bench.strategies import BenchSpec, sdp_strategies
+def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
+    """The BenchSpec of a ``--strategy`` label with ``--fsdp``/``--ac`` composed onto it;
+    ``in_list`` (step/all): onto SDP strategies only, baselines keep their own names."""
+    from subnetdp.bench.strategies import BenchSpec
+    from subnetdp.strategy import label, parse_label
 
-    sdp = strategy in sdp_strategies()
-    cov = args.coverage if sdp else 1.0
-    compose = sdp or not only_sdp
-    return BenchSpec(recipe=args.model, strategy=strategy, world=args.world, batch=args.batch,
-                     seq=args.seq, coverage=cov, dtype=args.dtype,
-                     fsdp=args.fsdp and compose, ac=args.ac and compose)
+    strategy, comp = parse_label(text)
+    if strategy.is_sdp or not in_list:
+        comp = comp.replace(fsdp=comp.fsdp or args.fsdp, ac=comp.ac or args.ac)
+        comp.check(strategy)
+    # BenchSpec names a baseline by its label (fsdp+ac) and composes SDP through flags
+    name = strategy.name if strategy.is_sdp else label(strategy, comp)
+    sdp = strategy.is_sdp
+    return BenchSpec(recipe=args.recipe, strategy=name, world=args.world,
+                     batch=args.batch_size, seq=args.seq_len,
+                     coverage=args.coverage if sdp else 1.0, dtype=args.dtype,
+                     fsdp=comp.fsdp and sdp, ac=comp.ac and sdp)
 
 
 def _strategies(args: argparse.Namespace) -> list[str]:
-    from subnetdp.bench.strategies import BASELINES, FSDP_COMPOSABLE, all_strategies
+    from subnetdp.bench.strategies import FSDP_COMPOSABLE
+    from subnetdp.strategy import BASELINES, SDP_NAMES
 
-    if not args.strategies:
-        if args.fsdp:  # those that compose with FSDP, and the baselines
-            return [s for s in all_strategies() if s in BASELINES or s in FSDP_COMPOSABLE]
-        return list(all_strategies())
-    chosen = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in chosen if s not in all_strategies()]
-    if unknown:
-        raise ValueError(f"unknown strategies {unknown}; choose from {all_strategies()}")
-    return chosen
+    if args.strategies:
+        return list(args.strategies)
+    # with --fsdp: those that compose with it, and the baselines
+    return [*BASELINES, *(s for s in SDP_NAMES if not args.fsdp or s in FSDP_COMPOSABLE)]
 
 
 def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -79,9 +87,9 @@ def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     est = estimate_memory(_spec(args, args.strategy)).to_dict()
     b = est["breakdown"]
-    text = (f"{est['label']} on {args.model}, {args.world} workers, micro-batch {args.batch} x "
-            f"{args.seq}, {args.dtype}: estimated peak {est['peak_bytes'] / 2**30:.3f} GiB "
-            f"(worst rank {est['worst_rank']})\n" + "  ".join(
+    text = (f"{est['label']} on {args.recipe}, {args.world} workers, micro-batch "
+            f"{args.batch_size} x {args.seq_len}, {args.dtype}: estimated peak "
+            f"{est['peak_bytes'] / 2**30:.3f} GiB (worst rank {est['worst_rank']})\n" + "  ".join(
                 f"{k} {v / 2**30:.3f}" for k, v in b.items() if k != "total"))
     return est, text
 
@@ -105,7 +113,7 @@ def _step(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from subnetdp.bench.report import step_table
     from subnetdp.bench.step import run_step_bench
 
-    specs = [_spec(args, s, only_sdp=True) for s in _strategies(args)]
+    specs = [_spec(args, s, in_list=True) for s in _strategies(args)]
     out = run_step_bench(specs, steps=args.steps, warmup=args.warmup, device=args.device)
     return out, step_table(out)
 
@@ -117,9 +125,9 @@ def _all(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     rows = []
     for s in _strategies(args):
-        spec = _spec(args, s, only_sdp=True)
+        spec = _spec(args, s, in_list=True)
         est = estimate_memory(spec).to_dict()
-        rows.append({"model": args.model, **est,
+        rows.append({"model": args.recipe, **est,
                      "comm": worst_comm(analytic_comm(spec))})
     return {"rows": rows}, memory_table(rows)
 

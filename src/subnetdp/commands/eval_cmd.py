@@ -10,9 +10,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads when a model is evaluated: `subnetdp plan` parses this module
+    import torch
 
 
 def add_parser(subparsers: Any) -> None:
@@ -61,6 +62,8 @@ def load_model_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 def evaluate_path(path: str | Path, *, eval_batches: int | None = None) -> dict[str, float]:
+    import torch
+
     from subnetdp.models import get_recipe
     from subnetdp.train.config import TrainConfig
     from subnetdp.train.tasks import make_task

@@ -1,11 +1,66 @@
-"""Command-line options shared by several subcommands (kept torch-free: `plan` imports it)."""
+"""Command-line options shared by the subcommands: one definition (name, type, meaning) each.
+
+Kept torch-free: ``plan`` imports it and must not load torch (``strategy`` is torch-free).
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from subnetdp.strategy import BASELINES, DTYPES, NAMES, SDP_NAMES, parse_label
 
-def add_neuron_arguments(p: argparse.ArgumentParser) -> None:
+# argparse's common base of parsers, argument groups and mutually exclusive groups
+Container = argparse._ActionsContainer
+
+DTYPE_HELP = ("precision: fp32; bf16-mixed (bf16 compute, fp32 master parameters, gradients "
+              "and optimizer state); bf16 (everything stored and computed in bf16)")
+
+
+def add_recipe_argument(p: Container, *, default: str | None, help: str) -> None:
+    p.add_argument("--recipe", default=default, metavar="NAME", help=help)
+
+
+def add_batch_arguments(p: Container, *, batch_size: int | None, seq_len: int | None,
+                        default_note: str) -> None:
+    """``--batch-size`` (per worker) and ``--seq-len`` (tokens per sample)."""
+    p.add_argument("--batch-size", type=int, default=batch_size,
+                   help=f"micro-batch per worker ({default_note})")
+    p.add_argument("--seq-len", type=int, default=seq_len,
+                   help=f"tokens per sequence, language models ({default_note})")
+
+
+def add_dtype_argument(p: Container, *, default: str = "fp32") -> None:
+    p.add_argument("--dtype", default=default, choices=DTYPES, help=DTYPE_HELP)
+
+
+def add_plan_file_argument(p: Container, *, help: str) -> None:
+    p.add_argument("--plan-file", default=None, metavar="FILE", help=help)
+
+
+def add_strategy_argument(p: Container, *, default: str, sdp_only: bool = False,
+                          labels: bool = False, note: str | None = None) -> None:
+    """``--strategy``: a name of ``strategy.STRATEGIES`` (``sdp_only``: subnetwork strategies
+    only); ``labels``: also the composed names ``parse_label`` reads (``fsdp+ac``,
+    ``b-sdp+fsdp``); ``note``: what it means to this command."""
+    default_help = f"(default {default})"
+    if labels:
+        p.add_argument("--strategy", default=default, type=_label, metavar="STRATEGY",
+                       help=f"{', '.join((*BASELINES, *SDP_NAMES))}, or an SDP strategy with "
+                            f"+fsdp/+ac {default_help}")
+    else:
+        p.add_argument("--strategy", default=default, choices=SDP_NAMES if sdp_only else NAMES,
+                       help=f"{note} {default_help}" if note else default_help)
+
+
+def add_composition_arguments(p: Container) -> None:
+    """``--fsdp`` and ``--ac``: what a strategy is composed with (``strategy.Composition``)."""
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard each held unit over its holders with FSDP2 and shared "
+                        "parameters over all workers (with ddp: plain FSDP2)")
+    p.add_argument("--ac", action="store_true", help="activation checkpointing per block")
+
+
+def add_neuron_arguments(p: Container) -> None:
     """How n-sdp / nb-sdp split each layer pair (``subnet.neurons.make_neuron_plan``)."""
     p.add_argument("--neuron-groups", type=int, default=None,
                    help="n-sdp/nb-sdp: groups per layer pair (default: the world size, or "
@@ -15,3 +70,16 @@ def add_neuron_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: all)")
     p.add_argument("--rotate", action="store_true",
                    help="n-sdp/nb-sdp: rotate each layer's spread window by the layer index")
+
+
+def strategy_list(text: str) -> list[str]:
+    """A comma-separated ``--strategies`` value, each entry checked like ``--strategy``."""
+    return [_label(s.strip()) for s in text.split(",") if s.strip()]
+
+
+def _label(text: str) -> str:
+    try:
+        parse_label(text)
+    except ValueError as e:  # argparse shows an ArgumentTypeError's message as is
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text

@@ -1,11 +1,13 @@
 """``subnetdp plan``: build a plan and print its diagnostics and per-worker bytes.
 
     subnetdp plan --world 8 --units 12 --coverage 0.5 [--scheme spread|random] [--seed S] [--json]
-    subnetdp plan --world 8 --model llama-tiny --coverage 0.5 --save plan.json
-    subnetdp plan --world 4 --model llama-tiny --strategy n-sdp --coverage 0.5 [--rotate]
-    subnetdp plan --explicit matrix.json [--model NAME]
+    subnetdp plan --world 8 --recipe llama-tiny --coverage 0.5 --save plan.json
+    subnetdp plan --world 4 --recipe llama-tiny --strategy n-sdp --coverage 0.5 [--rotate]
+    subnetdp plan --plan-file matrix.json [--recipe NAME]
+    subnetdp plan --world 8 --recipe llama-1b --memory-gb 40 [--batch-size 1 --seq-len 2048]
 
-torch is imported only for ``--model`` (the model is built on the meta device: no memory).
+torch is imported only where a model is built (``--recipe``, ``--memory-gb``; on the meta
+device: no memory); ``--units`` and ``--plan-file`` alone need only ``subnetdp.plan``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ import json
 import sys
 from typing import Any
 
-from subnetdp.commands.options import add_neuron_arguments
+from subnetdp.commands.options import (
+    add_batch_arguments,
+    add_composition_arguments,
+    add_dtype_argument,
+    add_neuron_arguments,
+    add_plan_file_argument,
+    add_recipe_argument,
+    add_strategy_argument,
+)
 from subnetdp.plan import (
     Plan,
     PlanError,
@@ -26,6 +36,7 @@ from subnetdp.plan import (
     units_for_coverage,
     worker_bytes,
 )
+from subnetdp.strategy import MASTER_BYTES, get_strategy
 
 
 def add_parser(subparsers: Any) -> None:
@@ -38,45 +49,40 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--world", type=int, help="number of workers N")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--units", type=int, help="number of units U (each of size 1 by default)")
-    src.add_argument("--model", help="use this recipe's blocks as units, e.g. llama-tiny")
+    add_recipe_argument(src, default=None,
+                        help="use this recipe's blocks (or neuron groups) as units, e.g. "
+                             "llama-tiny")
     p.add_argument("--coverage", type=float, help="fraction of units each worker holds, in (0, 1]")
     p.add_argument("--scheme", choices=["spread", "random"], help="default: spread")
     p.add_argument("--seed", type=int, default=0, help="seed of the random scheme (default 0)")
-    p.add_argument("--strategy", choices=["b-sdp", "n-sdp", "bb-sdp", "nb-sdp"],
-                   default="b-sdp",
-                   help="units are blocks (b-sdp, bb-sdp) or neuron groups of every layer pair "
-                        "(n-sdp, nb-sdp; needs --model); bb/nb: backward masking bytes")
+    add_strategy_argument(p, default="b-sdp", sdp_only=True,
+                          note="units are blocks (b-sdp, bb-sdp) or the neuron groups of "
+                               "every layer pair (n-sdp, nb-sdp; needs --recipe); bb/nb: "
+                               "backward masking's bytes")
     add_neuron_arguments(p)
-    p.add_argument(
-        "--explicit",
-        metavar="FILE",
-        help="JSON matrix [worker][unit] of 0/1 (or a saved plan) instead of a scheme",
-    )
+    add_plan_file_argument(
+        p, help="a JSON matrix [worker][unit] of 0/1, or a saved plan, instead of a scheme")
     p.add_argument(
         "--shared-size", type=int, default=0, help="shared parameter elements (with --units)"
     )
-    p.add_argument("--param-bytes", type=int, default=4, help="bytes per element (default 4)")
+    add_dtype_argument(p)
     p.add_argument(
         "--optimizer-states", type=int, default=2, help="optimizer tensors per parameter (AdamW: 2)"
     )
     p.add_argument("--save", metavar="FILE", help="also write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    budget = p.add_argument_group("memory budget (subnetdp.bench.budget; needs --model, --world)")
+    budget = p.add_argument_group(
+        "memory budget (subnetdp.bench.budget; needs --recipe, --world)",
+        "--fsdp/--ac compose the SDP options; the baselines are listed by name (fsdp+ac, ...)")
     budget.add_argument("--memory-gb", type=float,
                         help="search strategies and coverages that fit in this many GB/worker")
-    budget.add_argument("--batch", type=int, default=1, help="micro-batch per worker (default 1)")
-    budget.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
-    budget.add_argument("--dtype", choices=["fp32", "bf16", "bf16-mixed"], default="fp32",
-                        help="bf16: pure; bf16-mixed: bf16 compute, fp32 master state")
-    budget.add_argument("--fsdp", action="store_true",
-                        help="compose SDP options with FSDP2 over each holder group")
-    budget.add_argument("--ac", action="store_true",
-                        help="compose SDP options with activation checkpointing")
+    add_batch_arguments(budget, batch_size=1, seq_len=2048, default_note="default %(default)s")
+    add_composition_arguments(budget)
     p.set_defaults(func=run)
 
 
 def _model_units(name: str) -> tuple[list[Unit], int]:
-    # Lazy: the plan command must stay usable (and fast) without building anything real.
+    # Lazy: only a recipe needs torch; --units and --plan-file stay fast without it.
     import torch
 
     from subnetdp.models import get_recipe
@@ -94,13 +100,13 @@ def _load_explicit(path: str) -> tuple[list[list[Any]], list[Unit] | None, int |
         with open(path) as f:
             data = json.load(f)
     except OSError as e:
-        raise PlanError(f"cannot read --explicit {path}: {e.strerror}") from e
+        raise PlanError(f"cannot read --plan-file {path}: {e.strerror}") from e
     except json.JSONDecodeError as e:
-        raise PlanError(f"--explicit {path} is not valid JSON: {e}") from e
+        raise PlanError(f"--plan-file {path} is not valid JSON: {e}") from e
     if isinstance(data, dict):
         if "matrix" not in data:
             raise PlanError(
-                f"--explicit {path}: expected a list of rows or an object with 'matrix'"
+                f"--plan-file {path}: expected a list of rows or an object with 'matrix'"
             )
         units = None
         if "units" in data:
@@ -115,12 +121,14 @@ def _neuron_plan(args: argparse.Namespace) -> Plan:
     from subnetdp.models import get_recipe
     from subnetdp.subnet.neurons import make_neuron_plan
 
-    if args.model is None or args.world is None or args.coverage is None:
-        raise PlanError("--strategy n-sdp needs --model NAME, --world N and --coverage C")
-    if args.explicit is not None:
-        raise PlanError("--explicit does not combine with --strategy n-sdp; give the matrix "
-                        "of a saved n-sdp plan to `train --plan-file` instead")
-    recipe = get_recipe(args.model)
+    if args.recipe is None or args.world is None or args.coverage is None:
+        raise PlanError(f"--strategy {args.strategy} needs --recipe NAME, --world N and "
+                        "--coverage C")
+    if args.plan_file is not None:
+        raise PlanError(f"--plan-file does not combine with --strategy {args.strategy} (its "
+                        "units are the recipe's neuron groups); give the saved plan to "
+                        "`train --plan-file` instead")
+    recipe = get_recipe(args.recipe)
     with torch.device("meta"):
         model = recipe.build_model()
     return make_neuron_plan(model, recipe.adapter, world=args.world, coverage=args.coverage,
@@ -130,17 +138,17 @@ def _neuron_plan(args: argparse.Namespace) -> Plan:
 
 
 def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
-    """The plan the arguments describe, and the model name if one was used."""
-    if getattr(args, "strategy", "b-sdp") in ("n-sdp", "nb-sdp"):
-        return _neuron_plan(args), args.model
+    """The plan the arguments describe, and the recipe name if one was used."""
+    if get_strategy(args.strategy).neuron_level:
+        return _neuron_plan(args), args.recipe
     units: int | list[Unit] | None = args.units
     shared = args.shared_size
-    if args.model is not None:
-        units, shared = _model_units(args.model)
-    if args.explicit is not None:
+    if args.recipe is not None:
+        units, shared = _model_units(args.recipe)
+    if args.plan_file is not None:
         if args.coverage is not None or args.scheme is not None:
-            raise PlanError("--coverage and --scheme do not apply with --explicit; drop them")
-        matrix, file_units, file_shared = _load_explicit(args.explicit)
+            raise PlanError("--coverage and --scheme do not apply with --plan-file; drop them")
+        matrix, file_units, file_shared = _load_explicit(args.plan_file)
         width = len(matrix[0]) if matrix and isinstance(matrix[0], list) else 0
         if isinstance(units, int):
             if units != width:
@@ -154,9 +162,9 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
                 f"--world {args.world} but the explicit matrix has {plan.world} rows (one per "
                 "worker); drop --world or fix the matrix"
             )
-        return plan, args.model
+        return plan, args.recipe
     if units is None:
-        raise PlanError("give --units N or --model NAME (or --explicit FILE)")
+        raise PlanError("give --units N or --recipe NAME (or --plan-file FILE)")
     if args.world is None:
         raise PlanError("give --world N, the number of workers")
     if args.coverage is None:
@@ -169,7 +177,7 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
         seed=args.seed,
         shared_size=shared,
     )
-    return plan, args.model
+    return plan, args.recipe
 
 
 def report(
@@ -234,14 +242,33 @@ def format_table(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def _budget(args: argparse.Namespace) -> int:
+    """``--memory-gb``: the strategies and coverages that fit (``bench.budget.plan_budget``)."""
+    from subnetdp.bench.budget import format_options, plan_budget
+    from subnetdp.bench.strategies import BenchSpec
+
+    try:
+        if args.recipe is None or args.world is None:
+            raise ValueError("--memory-gb needs --recipe NAME and --world N")
+        base = BenchSpec(recipe=args.recipe, strategy="ddp", world=args.world,
+                         batch=args.batch_size, seq=args.seq_len, dtype=args.dtype)
+        options = plan_budget(base, args.memory_gb, fsdp=args.fsdp, ac=args.ac)
+    except ValueError as e:
+        print(f"subnetdp plan: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"memory_gb": args.memory_gb, "options": [o.to_dict() for o in options]}))
+    else:
+        print(format_options(options, base, args.memory_gb))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``subnetdp plan``; 0 on success, 2 on a user error (message on stderr)."""
-    if getattr(args, "memory_gb", None) is not None:
-        from subnetdp.bench.budget import run_budget
-
-        return run_budget(args)
+    if args.memory_gb is not None:
+        return _budget(args)
     try:
-        plan, model = build_plan(args)
+        plan, recipe = build_plan(args)
         if args.save:
             with open(args.save, "w") as f:
                 f.write(plan.to_json() + "\n")
@@ -250,8 +277,8 @@ def run(args: argparse.Namespace) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"subnetdp plan: error: {msg}", file=sys.stderr)
         return 2
-    masking = "backward" if args.strategy in ("bb-sdp", "nb-sdp") else "forward"
-    rep = report(plan, model, param_bytes=args.param_bytes,
-                 optimizer_states=args.optimizer_states, masking=masking)
+    rep = report(plan, recipe, param_bytes=MASTER_BYTES[args.dtype],
+                 optimizer_states=args.optimizer_states,
+                 masking=get_strategy(args.strategy).cost_masking)
     print(json.dumps(rep) if args.json else format_table(rep))
     return 0

@@ -7,25 +7,35 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from subnetdp.commands.options import add_neuron_arguments
-from subnetdp.train.config import DTYPES, STRATEGIES, TrainConfig
+from subnetdp.commands.options import (
+    add_batch_arguments,
+    add_composition_arguments,
+    add_dtype_argument,
+    add_neuron_arguments,
+    add_plan_file_argument,
+    add_recipe_argument,
+    add_strategy_argument,
+)
+from subnetdp.strategy import OUTPUT_SCALINGS, REDUCE_DTYPES
+from subnetdp.train.config import TrainConfig
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
-    p.add_argument("--recipe", default=d.recipe,
-                   help="llama-tiny, resnet18-fmnist, llama-134m, ...")
-    p.add_argument("--strategy", default=d.strategy, choices=STRATEGIES)
+    add_recipe_argument(p, default=d.recipe, help="llama-tiny, resnet18-fmnist, llama-134m, "
+                                                  "... (default %(default)s)")
+    add_strategy_argument(p, default=d.strategy,
+                          note="ddp: the full model on every worker; the others: a subnetwork "
+                               "each (README, Strategies)")
     p.add_argument("--coverage", type=float, default=d.coverage,
                    help="fraction of units (blocks for b-sdp, neuron groups of every layer "
                         "for n-sdp) each worker holds")
     p.add_argument("--scheme", default=d.scheme, choices=("spread", "random"))
     add_neuron_arguments(p)
-    p.add_argument("--output-scaling", default=d.output_scaling, choices=("none", "keep"),
+    p.add_argument("--output-scaling", default=d.output_scaling, choices=OUTPUT_SCALINGS,
                    help="n-sdp: scale kept hidden units by 1/keep-rate while training "
                         "(default: keep for n-sdp)")
     p.add_argument("--refresh-every", type=int, default=d.refresh_every, metavar="K",
@@ -37,23 +47,20 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--neuron-dropout", type=float, default=d.neuron_dropout, metavar="P",
                    help="ddp baseline: drop whole hidden units/heads/channels of every layer "
                         "pair with probability P (inverted dropout)")
-    p.add_argument("--fsdp", action="store_true",
-                   help="shard each held unit over its holders with FSDP2 and shared "
-                        "parameters over all workers (with --strategy ddp: plain FSDP)")
-    p.add_argument("--ac", action="store_true", help="activation checkpointing per block")
-    p.add_argument("--dtype", default=d.dtype, choices=DTYPES,
-                   help="compute dtype; bf16 keeps fp32 master weights and optimizer state")
-    p.add_argument("--reduce-dtype", default=None, choices=DTYPES,
-                   help="with --fsdp: the dtype gradients are averaged in (default fp32)")
-    p.add_argument("--plan-file", default=None, help="a plan JSON instead of --coverage/--scheme")
+    add_composition_arguments(p)
+    add_dtype_argument(p, default=d.dtype)
+    p.add_argument("--reduce-dtype", default=None, choices=REDUCE_DTYPES,
+                   help="with --fsdp: the dtype gradients are averaged in (default: the master "
+                        "dtype, fp32 under bf16-mixed)")
+    add_plan_file_argument(p, help="an SDP plan JSON (`subnetdp plan --save`) instead of "
+                                   "--coverage/--scheme")
     # default None (meaning 4) so that an explicit --nproc 4 is seen when resuming
     p.add_argument("--nproc", type=int, default=None,
                    help="local worker processes, default 4 (ignored under torchrun, which sets "
                         "the world)")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--batch-size", type=int, default=None, help="per worker; recipe default")
-    p.add_argument("--seq-len", type=int, default=None)
+    add_batch_arguments(p, batch_size=None, seq_len=None, default_note="default: the recipe's")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--weight-decay", type=float, default=None)
@@ -61,6 +68,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--data-dir", default=None, help="your own text/images instead of the packages")
     p.add_argument("--eval-batches", type=int, default=d.eval_batches)
+    p.add_argument("--log-every", type=int, default=d.log_every, metavar="N",
+                   help="read and check the loss every N steps (a host sync), write metrics")
     p.add_argument("--memory-step", type=int, default=d.memory_step,
                    help="step whose memory is measured (-1: none)")
     p.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"))
@@ -91,7 +100,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values["model_args"] = dict(_parse_model_arg(a) for a in args.model_arg)
     if values.get("resume"):
-        from subnetdp.train.checkpoint import resume_config
+        from subnetdp.train.resume import resume_config
 
         return resume_config(values["resume"], values, _explicit_options(args))
     values.setdefault("nproc", 4)
@@ -133,47 +142,12 @@ def _parse_model_arg(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[str, Any]:
-    """Train and return the run's summary (read back from ``summary.json``).
-
-    ``start_method`` is ``launch``'s (None: fork). A long-lived caller that trains many runs
-    (the quality study) passes ``"forkserver"``: forking from a process whose threads (the
-    elastic agent's TCP store) may hold a libc lock can deadlock a worker."""
-    from subnetdp.train.launch import launch, under_launcher
-    from subnetdp.train.tasks import make_task
-    from subnetdp.train.trainer import train_worker
-
-    cfg = cfg.resolved()
-    if not under_launcher():
-        if cfg.plan_file:  # refuse a plan for another world size before starting anyone
-            from subnetdp.plan import Plan
-
-            Plan.from_json(Path(cfg.plan_file).read_text()).validate(cfg.nproc)
-        make_task(cfg)  # build the tokenizer/token cache once, before the workers start
-        # Refuse a damaged checkpoint or one for another world before anything is written.
-        from subnetdp.train.checkpoint import check_fresh_run_dir, preflight_resume
-
-        if cfg.resume:
-            preflight_resume(cfg)
-        else:
-            check_fresh_run_dir(Path(cfg.out))
-    results = launch(train_worker, (cfg.to_dict(),), nproc=cfg.nproc,
-                     run_id=f"subnetdp-{int(time.time())}", max_restarts=cfg.max_restarts,
-                     start_method=start_method)
-    stopped = [r["error"] for r in results.values() if isinstance(r, dict) and "error" in r]
-    if stopped:
-        from subnetdp.train.checkpoint import NonFiniteLossError
-
-        raise NonFiniteLossError(stopped[0])
-    summary_path = Path(cfg.out) / "summary.json"
-    return json.loads(summary_path.read_text()) if summary_path.exists() else {}
-
-
 def run(args: argparse.Namespace) -> int:
-    from subnetdp.commands.report import format_summary
     from subnetdp.data import DatasetMissingError
-    from subnetdp.train.checkpoint import NonFiniteLossError
+    from subnetdp.metrics.report import format_summary
     from subnetdp.train.launch import WorkerFailedError
+    from subnetdp.train.resume import NonFiniteLossError
+    from subnetdp.train.run import run_training
 
     try:
         cfg = config_from_args(args)

@@ -1,13 +1,13 @@
 """Communication of one training step, as counted by the run (not derived from the plan).
 
-``comm_record(model, counter, steps=, world=)`` turns what the reducers counted into bytes per
+``comm_record(stats, steps=)`` turns what the reducers counted into bytes per
 rank per step, by collective and by process group, as *payload* (the bytes handed to the
 collective) and *ring* traffic (what a ring all-reduce sends per rank: 2·(c−1)/c × payload for a
 group of c ranks). subnetdp's ``HolderReducer`` counts its buckets (``CommStats``); torch DDP is
-counted by ``train.build.DDPCommCounter``'s comm hook (one group: the world). The scalar
+counted by ``runtime.rank.TorchDDPRank``'s comm hook (one group: the world). The scalar
 all-reduce of gradient clipping (4 bytes) is not counted by either.
 
-No torch import: the model is read by duck typing (``comm_stats``), so this stays a side layer.
+No torch import: the counters are read by duck typing, so this stays a side layer.
 """
 
 from __future__ import annotations
@@ -25,23 +25,17 @@ def ring_bytes(payload: float, group_size: int) -> float:
     return 0.0 if group_size < 2 else 2 * (group_size - 1) / group_size * payload
 
 
-def comm_record(model: Any, counter: Any, *, steps: int, world: int) -> dict[str, Any]:
+def comm_record(stats: Any, *, steps: int) -> dict[str, Any]:
     """Bytes per step of this rank: ``{"comm/bytes_per_step", "comm/ring_bytes_per_step",
     "by_collective": {...}, "by_group": {"0,1": {"size", "payload", "ring"}}}``.
 
-    ``steps`` is the number of backward passes the counters saw (every step reduces the same
-    buckets, so totals divide exactly). Works for ``SubnetDataParallel`` (``comm_stats``) and
-    for torch DDP with a ``DDPCommCounter`` (``counter``); anything else reports zeros.
-    """
+    ``stats`` is a rank model's ``comm_stats`` (``runtime.reducer.CommStats``: the holder
+    reducer's buckets, torch DDP's comm hook, or FSDP's per-step traffic); ``steps`` is the
+    number of backward passes it saw (every step reduces the same buckets, so totals divide
+    exactly)."""
     steps = max(1, steps)
-    groups: dict[tuple[int, ...], float] = {}
-    stats = getattr(model, "comm_stats", None)
-    if stats is not None:
-        groups = {tuple(k): v / steps for k, v in stats.by_group.items()}
-    elif counter is not None and world > 1:
-        groups = {tuple(range(world)): counter.total_bytes / steps}
-    source = stats if stats is not None else counter
-    return allreduce_record(groups, collective=getattr(source, "collective", "all_reduce"))
+    groups = {tuple(k): v / steps for k, v in stats.by_group.items()}
+    return allreduce_record(groups, collective=stats.collective)
 
 
 def allreduce_record(

@@ -98,11 +98,13 @@ def gather_full_state_dict(
 def _per_unit(
     tensors: Mapping[str, torch.Tensor], local: Mapping[str, Sequence[LocalPiece]]
 ) -> dict[int | None, list[torch.Tensor]]:
-    """Local views of every piece, grouped by unit (None: shared), in piece order."""
+    """Local views of every piece, grouped by unit (None: shared), in piece order; a tie's
+    alias is left out (it is its canonical piece's storage)."""
     out: dict[int | None, list[torch.Tensor]] = {}
     for key, t in tensors.items():
         for lp in local[key]:
-            out.setdefault(lp.piece.unit, []).append(lp.view(t))
+            if lp.piece.tied_to is None:
+                out.setdefault(lp.piece.unit, []).append(lp.view(t))
     return out
 
 

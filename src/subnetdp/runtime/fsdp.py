@@ -53,11 +53,18 @@ from subnetdp.runtime.refresh import exchange
 
 def holder_mesh(groups: HolderGroups, ranks: tuple[int, ...], device_type: str) -> DeviceMesh:
     pg = groups.group(ranks)
-    world = dist.distributed_c10d._get_default_group()
+    return world_mesh(device_type) if pg is None else _mesh(pg, device_type)
+
+
+def world_mesh(device_type: str) -> DeviceMesh:
+    return _mesh(dist.distributed_c10d._get_default_group(), device_type)
+
+
+def _mesh(pg: dist.ProcessGroup, device_type: str) -> DeviceMesh:
     # A mesh's rank table must be a real tensor, also when built inside FakeTensorMode
     # (bench.estimate); outside fake mode this context does nothing.
     with unset_fake_temporarily():
-        return DeviceMesh.from_group(pg if pg is not None else world, device_type)
+        return DeviceMesh.from_group(pg, device_type)
 
 
 @dataclass(frozen=True)

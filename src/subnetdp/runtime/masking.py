@@ -1,5 +1,9 @@
 """What a rank trains: the parameters its optimizer sees and the reducer averages.
 
+Parameters the user froze (``requires_grad=False`` before wrapping) are never trained: no
+gradient, no optimizer entry, and no place in the reducer's buckets (``Piece.frozen``). They
+are told apart from what backward masking freezes by being frozen on entry.
+
 Forward masking (b-sdp, n-sdp): the local model holds only held units, so it trains all of it.
 
 Backward masking (bb-sdp, nb-sdp, method.md §5): the local model is the *full* model, but only
@@ -40,7 +44,7 @@ class Trainable:
 def forward_trainable(
     module: nn.Module, local: Mapping[str, Sequence[LocalPiece]]
 ) -> Trainable:
-    params = dict(module.named_parameters())
+    params = {k: p for k, p in module.named_parameters() if p.requires_grad}
     return Trainable(params, {k: list(local[k]) for k in params})
 
 
@@ -53,6 +57,8 @@ def backward_trainable(
     """Freeze what this rank does not hold and split partly held parameters (module doc)."""
     out = Trainable({}, {})
     for key, p in module.named_parameters():
+        if not p.requires_grad:  # frozen by the user (module doc)
+            continue
         pieces = list(local[key])
         mine = [lp for lp in pieces if lp.piece.unit is None or lp.piece.unit in held]
         if len(mine) == len(pieces):

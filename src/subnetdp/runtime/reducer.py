@@ -62,7 +62,8 @@ def global_buckets(
     order: Sequence[Piece], plan: Plan, *, bucket_cap_bytes: int
 ) -> list[BucketSpec]:
     """The bucket list every rank derives identically from the plan and the full model's
-    parameter pieces in reduction order (``subnet.pieces.reduction_order``)."""
+    reduced pieces in reduction order (``subnet.pieces.reduction_order``: user-frozen
+    parameters and tie aliases are not in it, so they cost no bytes anywhere)."""
     everyone = tuple(range(plan.world))
     specs: list[BucketSpec] = []
     cur: list[Piece] = []
@@ -179,11 +180,9 @@ class HolderReducer:
                 members.setdefault(id(p), (p, []))[1].append((b, i))
         external_ids = {id(p) for p in external}
         self._ready = {pid: self._hook(entries) for pid, (_, entries) in members.items()}
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(self._ready[id(p)])
-            for p, _ in members.values()
-            if p.requires_grad and id(p) not in external_ids
-        ]
+        for p, _ in members.values():
+            if p.requires_grad and id(p) not in external_ids:
+                p.register_post_accumulate_grad_hook(self._ready[id(p)])
         self.enabled = True  # False inside no_sync(): gradients just accumulate locally
         self._in_backward = False
         self._next = 0
@@ -288,8 +287,3 @@ class HolderReducer:
                 b.locs[i].view(p.grad).copy_(b.slot(i))
         self._in_backward = False
         self.stats.reductions += 1
-
-    def remove_hooks(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()

@@ -40,7 +40,7 @@ class Refresher:
         for key, t in params.items():
             for lp in local[key]:
                 u = lp.piece.unit
-                if u is None:
+                if u is None or lp.piece.frozen:  # frozen: never changes, nothing to send
                     continue
                 holders = set(plan.holders(u))
                 owner = plan.owner(u)

@@ -8,19 +8,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from subnetdp.commands.report import row_values
+from subnetdp.metrics.report import row_values
 from subnetdp.study.runner import CellResult
 from subnetdp.study.suite import BUDGETS, Suite, TaskSpec, budget_cells
 
-METHOD_LABELS = {
-    "ddp": "ddp",
-    "b-sdp": "b-sdp",
-    "n-sdp": "n-sdp",
-    "bb-sdp": "bb-sdp",
-    "nb-sdp": "nb-sdp",
-    "ddp+sd": "ddp + stochastic depth",
-    "ddp+dropout": "ddp + neuron dropout",
-}
+# a strategy's label is its name
+METHOD_LABELS = {"ddp+sd": "ddp + stochastic depth", "ddp+dropout": "ddp + neuron dropout"}
 
 
 @dataclass(frozen=True)

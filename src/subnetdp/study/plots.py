@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.study.aggregate import Row
-from subnetdp.study.suite import TaskSpec
+from subnetdp.study.suite import TaskSpec, is_reference
 
 STYLE = {  # method -> (colour, marker)
     "ddp": ("black", "*"),
@@ -44,14 +44,15 @@ def loss_curves(task: TaskSpec, rows: dict[str, list[Row]], path: Path) -> None:
     """One panel per coverage: training loss (mean over ranks and seeds, smoothed) against the
     step; step-matched runs solid, FLOP-matched longer runs dashed, DDP in every panel."""
     plt = _pyplot()
-    coverages = sorted({r.coverage for r in rows["step"] if r.method != "ddp"}, reverse=True)
+    coverages = sorted({r.coverage for r in rows["step"] if not is_reference(r.method)},
+                       reverse=True)
     fig, axes = plt.subplots(1, max(1, len(coverages)), figsize=(5 * max(1, len(coverages)), 4),
                              sharey=True, squeeze=False)
-    ddp = next((r for r in rows["step"] if r.method == "ddp"), None)
+    ddp = next((r for r in rows["step"] if is_reference(r.method)), None)
     window = max(1, task.steps // 10)
     for ax, c in zip(axes[0], coverages, strict=False):
         drawn = [ddp] if ddp is not None else []
-        drawn += [r for r in rows["step"] if r.coverage == c and r.method != "ddp"]
+        drawn += [r for r in rows["step"] if r.coverage == c and not is_reference(r.method)]
         drawn += [r for r in rows["flop"] if r.coverage == c and r.steps != task.steps]
         for r in drawn:
             if not r.curve:
@@ -79,7 +80,7 @@ def quality_vs_memory(task: TaskSpec, rows: dict[str, list[Row]], path: Path) ->
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True, squeeze=False)
     for ax, (budget, title) in zip(axes[0], (("step", "step-matched"), ("flop", "FLOP-matched")),
                                    strict=True):
-        base = next((r for r in rows[budget] if r.method == "ddp"), None)
+        base = next((r for r in rows[budget] if is_reference(r.method)), None)
         if base is None or not base.memory.n:
             continue
         seen: set[str] = set()
@@ -92,7 +93,7 @@ def quality_vs_memory(task: TaskSpec, rows: dict[str, list[Row]], path: Path) ->
                         markersize=7, capsize=3,
                         label=r.label if r.method not in seen else None)
             seen.add(r.method)
-            if r.method != "ddp":
+            if not is_reference(r.method):
                 ax.annotate(f"{r.coverage:g}", (x, r.quality.mean), fontsize=6,
                             xytext=(4, 3), textcoords="offset points")
         ax.axhline(base.quality.mean, color="black", linewidth=0.6, linestyle=":")

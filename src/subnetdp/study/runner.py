@@ -68,8 +68,8 @@ def load_result(runs: Path, cell: Cell, world: int) -> CellResult | None:
 
 def run_cell(suite: Suite, cell: Cell, runs: Path) -> CellResult:
     """Train one cell from scratch (clearing a half-written folder first)."""
-    from subnetdp.commands.train_cmd import run_training
-    from subnetdp.train.checkpoint import NonFiniteLossError
+    from subnetdp.train.resume import NonFiniteLossError
+    from subnetdp.train.run import run_training
 
     task = next(t for t in suite.tasks if t.name == cell.task)
     d = cell_dir(runs, cell, suite.nproc)

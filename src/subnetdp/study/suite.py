@@ -21,12 +21,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from subnetdp.strategy import NAMES, STRATEGIES, Strategy, get_strategy
 from subnetdp.train.config import TrainConfig
 
 BUDGETS = ("step", "flop")
-# Methods in table order. A baseline is DDP with a regulariser at rate 1 - C.
-METHODS = ("ddp", "b-sdp", "n-sdp", "bb-sdp", "nb-sdp", "ddp+sd", "ddp+dropout")
-FLOP_SCALED = frozenset({"b-sdp", "n-sdp", "ddp+sd"})  # get round(S / C) steps when FLOP-matched
+# Study-only baselines: ddp with a regulariser at rate 1 - C (the TrainConfig field it sets).
+REGULARISED = {"ddp+sd": "stochastic_depth", "ddp+dropout": "neuron_dropout"}
+# Methods in table order: every strategy, then the baselines.
+METHODS = (*NAMES, *REGULARISED)
+# get round(S / C) steps when FLOP-matched: the forward-masked strategies, and stochastic depth
+FLOP_SCALED = frozenset({*(n for n, s in STRATEGIES.items() if s.masking == "forward"),
+                         "ddp+sd"})
+
+
+def method_strategy(method: str) -> Strategy:
+    """The strategy a method trains with: its own, or ddp for the regularised baselines."""
+    return get_strategy("ddp" if method in REGULARISED else method)
+
+
+def is_reference(method: str) -> bool:
+    """The full model without a regulariser (ddp): one run at C = 1 that the rest compare to."""
+    return method not in REGULARISED and not method_strategy(method).is_sdp
 
 
 @dataclass(frozen=True)
@@ -65,7 +80,7 @@ class Cell:
     seed: int
 
     def run_name_in(self, world: int) -> str:
-        cov = "" if self.method == "ddp" else f"-C{self.coverage:g}"
+        cov = "" if is_reference(self.method) else f"-C{self.coverage:g}"
         groups = neuron_groups(self.method, self.coverage, world)
         g = f"-g{groups}" if groups is not None else ""
         return f"{self.task}/{self.method}{cov}{g}-s{self.steps}-seed{self.seed}"
@@ -77,7 +92,7 @@ def neuron_groups(method: str, coverage: float, world: int) -> int | None:
     makes it one (C = 0.375 on 4 workers: 8 groups, 3 held; with 4, round(1.5) = 2 would be
     held, i.e. C = 0.5). A pair with fewer slots than groups (llama-tiny's 4 attention heads)
     still gets one group per slot, so its coverage stays rounded."""
-    if method not in ("n-sdp", "nb-sdp"):
+    if not method_strategy(method).neuron_level:
         return None
     for m in range(1, 9):
         k = coverage * world * m
@@ -97,9 +112,9 @@ def budget_steps(method: str, coverage: float, steps: int, budget: str) -> int:
 
 def method_points(suite: Suite) -> list[tuple[str, float]]:
     """(method, coverage) pairs in table order: DDP once, then every method at every C."""
-    points: list[tuple[str, float]] = [("ddp", 1.0)] if "ddp" in suite.methods else []
+    points = [(m, 1.0) for m in suite.methods if is_reference(m)]
     for c in suite.coverages:
-        points += [(m, c) for m in suite.methods if m != "ddp"]
+        points += [(m, c) for m in suite.methods if not is_reference(m)]
     return points
 
 
@@ -131,11 +146,9 @@ def cell_config(suite: Suite, task: TaskSpec, cell: Cell, out: str) -> TrainConf
         # Peak memory depends on shapes, not on the seed: measure it on seed 0 only (the
         # instrumented step costs 1-4 s of a run of a few tens of seconds).
         fields["memory_step"] = -1
-    drop = round(1.0 - cell.coverage, 6)
-    if cell.method == "ddp+sd":
-        fields.update(strategy="ddp", stochastic_depth=drop)
-    elif cell.method == "ddp+dropout":
-        fields.update(strategy="ddp", neuron_dropout=drop)
+    if cell.method in REGULARISED:
+        fields.update(strategy=method_strategy(cell.method).name,
+                      **{REGULARISED[cell.method]: round(1.0 - cell.coverage, 6)})
     else:
         fields.update(strategy=cell.method, coverage=cell.coverage,
                       neuron_groups=neuron_groups(cell.method, cell.coverage, suite.nproc))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from subnetdp.study.aggregate import Row, Stat
-from subnetdp.study.suite import Suite, TaskSpec
+from subnetdp.study.suite import Suite, TaskSpec, is_reference
 
 MiB = 2**20
 
@@ -35,7 +36,7 @@ def quality_name(task: TaskSpec) -> str:
 
 def rows_table(task: TaskSpec, rows: list[Row]) -> str:
     """A markdown table: method, C, steps, quality (mean ± std), Δ vs DDP, memory, bytes, time."""
-    base = next((r for r in rows if r.method == "ddp"), None)
+    base = next((r for r in rows if is_reference(r.method)), None)
     lm = task.metric == "val_loss"
     head = ["method", "C", "steps", quality_name(task), "Δ vs ddp"]
     if not lm:
@@ -49,7 +50,7 @@ def rows_table(task: TaskSpec, rows: list[Row]) -> str:
             delta = f"{r.quality.mean - base.quality.mean:+.3f}"
         traffic = r.bytes_per_step.mean + (r.refresh_per_step.mean
                                            if math.isfinite(r.refresh_per_step.mean) else 0.0)
-        cells = [r.label, "1" if r.method == "ddp" else f"{r.coverage:g}", str(r.steps),
+        cells = [r.label, "1" if is_reference(r.method) else f"{r.coverage:g}", str(r.steps),
                  pm(r.quality, 3 if lm else 4), delta]
         if not lm:
             cells.append(pm(r.val_loss, 3))
@@ -68,17 +69,18 @@ def rows_table(task: TaskSpec, rows: list[Row]) -> str:
 
 def matrix_table(task: TaskSpec, rows: dict[str, list[Row]]) -> str:
     """Quality only, at a glance: a row per method and budget, a column per coverage."""
-    coverages = sorted({r.coverage for b in rows.values() for r in b if r.method != "ddp"},
-                       reverse=True)
+    coverages = sorted({r.coverage for b in rows.values() for r in b
+                        if not is_reference(r.method)}, reverse=True)
     digits = 3 if task.metric == "val_loss" else 4
     head = ["method", "budget", *(f"C = {c:g}" for c in coverages)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    ddp = next((r for r in rows.get("step", []) if r.method == "ddp"), None)
+    ddp = next((r for r in rows.get("step", []) if is_reference(r.method)), None)
     if ddp is not None:
-        lines.append("| ddp (C = 1) | both | " + " | ".join([pm(ddp.quality, digits)]
+        lines.append(f"| {ddp.label} (C = 1) | both | " + " | ".join([pm(ddp.quality, digits)]
                                                            * len(coverages)) + " |")
     for budget in ("step", "flop"):
-        methods = dict.fromkeys(r.method for r in rows.get(budget, []) if r.method != "ddp")
+        methods = dict.fromkeys(r.method for r in rows.get(budget, [])
+                                if not is_reference(r.method))
         for m in methods:
             by_c = {r.coverage: r for r in rows[budget] if r.method == m}
             if budget == "flop" and all(r.steps == task.steps for r in by_c.values()):
@@ -90,8 +92,9 @@ def matrix_table(task: TaskSpec, rows: dict[str, list[Row]]) -> str:
 
 
 def task_markdown(suite: Suite, task: TaskSpec, rows: dict[str, list[Row]],
-                  *, command: str, wall_s: float, versions: str) -> str:
-    """The whole results page of one task."""
+                  *, command: str, wall_s: float, versions: str,
+                  notes: Sequence[str] = ()) -> str:
+    """The whole results page of one task; ``notes``: paragraphs after the introduction."""
     train = ", ".join(f"{k} {v}" for k, v in task.train.items())
     out = [
         f"# Quality study: {task.recipe}",
@@ -113,6 +116,8 @@ def task_markdown(suite: Suite, task: TaskSpec, rows: dict[str, list[Row]],
         "work: times are indicative only.",
         "",
     ]
+    for note in notes:
+        out += [note, ""]
     out += [f"## {quality_name(task)} at a glance (mean ± std over seeds)", "",
             matrix_table(task, rows), ""]
     for budget, title in BUDGET_TITLES.items():

@@ -8,33 +8,14 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from subnetdp.subnet.adapter import UnitAdapter
+from subnetdp.subnet.pieces import tied_parameters
 from subnetdp.subnet.removed import removed_module
-from subnetdp.subnet.units import unit_index, unit_modules
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    """One parameter of the *full* model: the reducer's and the assembler's common map."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    unit: int | None  # index into the plan's units; None for shared parameters
-
-
-def param_layout(model: nn.Module, adapter: UnitAdapter) -> list[ParamInfo]:
-    """Every parameter of the full model in registration order, tagged with its unit."""
-    names = [name for name, _ in unit_modules(model, adapter)]
-    return [
-        ParamInfo(name, tuple(p.shape), p.dtype, unit_index(name, names))
-        for name, p in model.named_parameters()
-    ]
+from subnetdp.subnet.units import unit_modules
 
 
 def drop_units(model: nn.Module, adapter: UnitAdapter, held: Iterable[int]) -> list[str]:
@@ -76,18 +57,6 @@ def _init_one(name: str, module: nn.Module, adapter: UnitAdapter, seed: int) -> 
         )
 
 
-def init_module_tree(model: nn.Module, adapter: UnitAdapter, *, seed: int) -> None:
-    """Initialise every module that directly owns parameters or buffers, each from an RNG
-    seeded by its qualified name, so that any worker holding a module gets the same values
-    whatever else it holds, and the full model equals the union of the workers' pieces."""
-    device = next((t.device for t in model.parameters()), torch.device("cpu"))
-    fork_devices = [device] if device.type == "cuda" else []
-    with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
-        for name, module in model.named_modules():
-            if _owns_tensors(module):
-                _init_one(name, module, adapter, seed)
-
-
 def _set_tensor(module: nn.Module, attr: str, new: torch.Tensor) -> None:
     old = module._parameters.get(attr)
     if old is not None:
@@ -120,10 +89,16 @@ def materialize(
     Module by module: allocate, initialise at full size from the name seed, then cut the
     entries in ``slices`` down to this rank's part. So a narrowed layer holds exactly the
     full model's values at its indices, and at most one full-size module exists at a time.
+
+    ``to_empty`` allocates each module's tensors anew, which would split a tied parameter
+    (``head.weight = emb.weight``) in two; so once the alias's module is initialised (its own
+    init may need the alias, e.g. a bias's fan-in), the alias is pointed back at the canonical
+    parameter, which came earlier in module order: a tie keeps the canonical one's values.
     """
     device = torch.device(device)
     fork_devices = [device] if device.type == "cuda" else []
     slices = slices or {}
+    ties = tied_parameters(model)
     with torch.no_grad(), torch.random.fork_rng(devices=fork_devices):
         for name, module in model.named_modules():
             if not _owns_tensors(module):
@@ -131,6 +106,9 @@ def materialize(
             module.to_empty(device=device, recurse=False)
             _init_one(name, module, adapter, seed)
             prefix = f"{name}." if name else ""
+            for attr in list(module._parameters):
+                if (canonical := ties.get(prefix + attr)) is not None:
+                    module._parameters[attr] = model.get_parameter(canonical)
             mine = {k[len(prefix):]: v for k, v in slices.items()
                     if k.startswith(prefix) and "." not in k[len(prefix):]}
             if mine:

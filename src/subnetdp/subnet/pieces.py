@@ -5,12 +5,21 @@ module contains it, or shared. Neuron level (n-sdp) cuts each tensor of a layer 
 hidden dimension into one piece per group. A piece is named in *full-model* coordinates, so
 every rank agrees on it; a ``LocalPiece`` says where it sits inside this rank's (narrower)
 tensor. The reducer, assembly, buffer sync, checkpoints and export all go through this map.
+
+Two kinds of parameter pieces are state but get no gradient averaging:
+- frozen: the user froze the parameter (``requires_grad=False``) before wrapping. Every rank
+  sees the same model, so every rank leaves it out of the reducer's global bucket layout;
+- tied: a parameter registered under several names (``head.weight = emb.weight``). The first
+  name (``named_parameters`` order) is the canonical piece, reduced once; every other name is
+  an alias piece (``tied_to``) so that shards and the assembled state still carry that key,
+  as the plain model's ``state_dict`` does. A tie must stay inside one unit (or the shared
+  part), or forward masking would drop one side of it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +41,13 @@ class Piece:
     shape: tuple[int, ...]  # the piece's own shape
     dtype: torch.dtype
     is_param: bool
+    frozen: bool = False  # a parameter the user froze: never reduced, never trained
+    tied_to: str | None = None  # this key is another name of that key's tensor (a tie)
+
+    @property
+    def reduced(self) -> bool:
+        """Whether the reducer averages this piece's gradient (module doc)."""
+        return self.is_param and not self.frozen and self.tied_to is None
 
     @property
     def name(self) -> str:
@@ -43,9 +59,15 @@ class Piece:
         return math.prod(self.shape)
 
 
-def _whole(key: str, t: torch.Tensor, unit: int | None, is_param: bool) -> Piece:
-    n = t.shape[0] if t.ndim else 1
-    return Piece(key, unit, None, 0, n, tuple(t.shape), t.dtype, is_param)
+def tied_parameters(model: nn.Module) -> dict[str, str]:
+    """Every alias of a tied parameter mapped to its canonical (first-registered) name."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        canonical = first.setdefault(id(p), name)
+        if canonical != name:
+            out[name] = canonical
+    return out
 
 
 def full_pieces(
@@ -53,32 +75,65 @@ def full_pieces(
 ) -> list[Piece]:
     """Every persistent state entry of the *full* model (parameters and buffers), in
     ``state_dict`` order, cut into pieces. ``groups`` (n-sdp, in plan order) gives the
-    neuron-level cut; without it, pieces are whole and belong to block units by name."""
-    params = {n for n, _ in model.named_parameters()}
+    neuron-level cut; without it, pieces are whole and belong to block units by name.
+    Call it on the user's model before anything changes it: ``requires_grad`` and ties are
+    read from it. Raises ``ValueError`` for a tie that forward masking would break."""
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     sliced: dict[str, tuple[int, list[tuple[int, NeuronGroup]]]] = {}
     for u, g in enumerate(groups or ()):
         for key, dim in g.pair.tensors:
             sliced.setdefault(key, (dim, []))[1].append((u, g))
+
+    def unit_of(key: str) -> int | None:
+        return None if groups is not None else unit_index(key, unit_names)
+
+    ties = tied_parameters(model)
+    for alias, canonical in ties.items():
+        _check_tie(alias, canonical, unit_of, unit_names, sliced)
     out = []
     for key, t in model.state_dict(keep_vars=True).items():
+        is_param = key in params
+        frozen = is_param and not t.requires_grad
         if key not in sliced:
-            unit = None if groups is not None else unit_index(key, unit_names)
-            out.append(_whole(key, t, unit, key in params))
+            n = t.shape[0] if t.ndim else 1
+            out.append(Piece(key, unit_of(key), None, 0, n, tuple(t.shape), t.dtype, is_param,
+                             frozen, ties.get(key)))
             continue
         dim, members = sliced[key]
         for u, g in sorted(members, key=lambda m: m[1].index):
             a, b = g.span(t.shape[dim])
             shape = (*t.shape[:dim], b - a, *t.shape[dim + 1 :])
-            out.append(Piece(key, u, dim, a, b, shape, t.dtype, key in params))
+            out.append(Piece(key, u, dim, a, b, shape, t.dtype, is_param, frozen))
     return out
 
 
+def _check_tie(
+    alias: str,
+    canonical: str,
+    unit_of: Callable[[str], int | None],
+    unit_names: Sequence[str],
+    sliced: Collection[str],
+) -> None:
+    if alias in sliced or canonical in sliced:
+        raise ValueError(
+            f"{alias!r} is tied to {canonical!r} and n-sdp would cut it into neuron groups; "
+            "untie them or leave that layer pair out (neuron kinds)"
+        )
+    ua, uc = unit_of(alias), unit_of(canonical)
+    if ua != uc:
+        a, c = ("shared" if u is None else f"unit {unit_names[u]!r}" for u in (ua, uc))
+        raise ValueError(
+            f"{alias!r} ({a}) is tied to {canonical!r} ({c}), so forward masking would drop "
+            "one side; untie them or keep both in one unit or both shared"
+        )
+
+
 def reduction_order(pieces: Sequence[Piece]) -> list[Piece]:
-    """Parameter pieces in the reducer's global order: reverse registration order (roughly
-    the order backward produces gradients), except that the slices of one layer pair are
-    gathered group by group where the pair is first met, so each group's slices (same holder
-    set) form one bucket instead of being interleaved with the other groups'."""
-    params = [p for p in pieces if p.is_param]
+    """Reduced pieces (``Piece.reduced``) in the reducer's global order: reverse registration
+    order (roughly the order backward produces gradients), except that the slices of one
+    layer pair are gathered group by group where the pair is first met, so each group's
+    slices (same holder set) form one bucket instead of being interleaved with the others'."""
+    params = [p for p in pieces if p.reduced]
     units_of: dict[str, tuple[int, ...]] = {}
     for p in params:
         if p.dim is not None and p.unit is not None:

@@ -93,7 +93,3 @@ def removed_module(kind: RemovedKind, unit: str, like: nn.Module | None = None) 
     if kind == "zero":
         return ZeroBranch(unit)
     raise ValueError(f"unknown removed-unit kind {kind!r}; use 'passthrough' or 'zero'")
-
-
-def is_removed(module: nn.Module) -> bool:
-    return isinstance(module, Passthrough | ZeroBranch)

@@ -1,11 +1,12 @@
-"""Sharded checkpoints of a training run: save, exact resume, and where to resume from.
+"""Sharded checkpoints of a training run: save and exact restore.
 
 Each rank writes what it owns (``SubnetDataParallel.shard_state``: units it owns, shared
 entries on rank 0), the same pieces of its optimizer state, and its RNG states; rank 0 adds the
 manifest (step, world, plan, config, checksums). The data position is the step itself: batches
 are a pure function of ``(seed, rank, step)`` (``subnetdp.data.batches``), so nothing else is
 needed to continue with the same data. Under torch DDP everyone holds everything and rank 0
-writes it all. File layout and atomicity: ``ckpt_io`` ([Note: atomic checkpoints]).
+writes it all. File layout and atomicity: ``ckpt_io`` ([Note: atomic checkpoints]);
+where a run starts and what a resumed run may change: ``resume``.
 
 [Note: exact resume]
 A resumed run continues bit-for-bit: parameters, buffers and optimizer tensors are restored
@@ -18,7 +19,6 @@ the uninterrupted run would have drawn. Steps between the last checkpoint and a 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import time
@@ -28,10 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from subnetdp.plan import Plan
-from subnetdp.runtime import SubnetDataParallel
+from subnetdp.runtime.rank import RankModel
 from subnetdp.train.ckpt_io import (
     FORMAT,
     MANIFEST,
@@ -39,11 +38,9 @@ from subnetdp.train.ckpt_io import (
     CheckpointError,
     ShardReader,
     checkpoints_root,
-    list_checkpoints,
     prune,
     publish,
     read_manifest,
-    resolve_checkpoint,
     shard_name,
     split_piece,
     staging_dir,
@@ -54,64 +51,21 @@ from subnetdp.train.ckpt_io import (
 )
 from subnetdp.train.config import TrainConfig
 
-__all__ = [
-    "CheckpointError",
-    "Checkpointer",
-    "NonFiniteLossError",
-    "check_fresh_run_dir",
-    "resume_config",
-    "resume_source",
-    "truncate_metrics",
-]
-
-# Options a resumed run may change: they do not touch the model, the data or the optimiser's
-# maths (``steps`` extends the run; the cosine schedule is then computed for the new length).
-RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "max_restarts",
-                                "eval_batches", "memory_step", "log_every", "resume"})
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite: the run stopped and kept its last good checkpoint."""
-
-
-class _WholeModel:
-    """``shard_state``/``load_shard_state`` for a model every rank holds whole (torch DDP):
-    rank 0 owns every entry."""
-
-    def __init__(self, module: nn.Module, rank: int) -> None:
-        self.module, self.rank = module, rank
-
-    def shard_state(self, tensors: dict[str, torch.Tensor] | None = None, *,
-                    owned_only: bool = True) -> dict[str, torch.Tensor]:
-        if owned_only and self.rank != 0:
-            return {}
-        src = self.module.state_dict() if tensors is None else tensors
-        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in src.items()}
-
-    @torch.no_grad()
-    def load_shard_state(self, entries: Any, into: dict[str, torch.Tensor] | None = None) -> None:
-        dst = self.module.state_dict() if into is None else into
-        missing = [k for k in dst if k not in entries]
-        if missing:
-            raise KeyError(f"the checkpoint lacks {len(missing)} entries, e.g. {missing[:3]}")
-        for key, t in dst.items():
-            t.copy_(entries[key])
+__all__ = ["CheckpointError", "Checkpointer", "check_compatible", "run_info"]
 
 
 class Checkpointer:
     """Saves and restores one rank's share of a run. ``save`` and ``restore`` are collective."""
 
-    def __init__(self, run_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, sched: Any,
+    def __init__(self, run_dir: Path, model: RankModel, opt: torch.optim.Optimizer, sched: Any,
                  *, plan: Plan, cfg: TrainConfig, rank: int, world: int,
                  info: dict[str, Any]) -> None:
         self.root = checkpoints_root(run_dir)
         self.model, self.opt, self.sched = model, opt, sched
         self.plan, self.cfg, self.rank, self.world = plan, cfg, rank, world
-        self.module: nn.Module = getattr(model, "module", model)
-        self.shards: Any = model if isinstance(model, SubnetDataParallel) else _WholeModel(
-            self.module, rank)
+        self.shards = model  # the rank model knows its pieces (RankModel.shard_state)
         self.opt_params = _opt_params(opt, model)
-        self.local = dict(self.module.named_parameters())
+        self.local: dict[str, torch.Tensor] = dict(model.module.named_parameters())
         self.info = info  # recipe, model_overrides, model_state: what export/eval need
 
     def due(self, done: int) -> bool:
@@ -121,8 +75,7 @@ class Checkpointer:
 
     def save(self, done: int) -> Path:
         """Write the checkpoint of step ``done`` (steps completed); returns its folder."""
-        if isinstance(self.model, SubnetDataParallel):
-            self.model.sync_buffers()  # BatchNorm statistics: holders agree before saving
+        self.model.sync_buffers()  # BatchNorm statistics: holders agree before saving
         tensors = {f"model/{k}": v for k, v in self.shards.shard_state().items()}
         optim, like, scalar = _optimizer_pieces(self.opt, self.opt_params, self.local,
                                                 self.shards)
@@ -183,25 +136,17 @@ class Checkpointer:
 
 
 # -- optimizer state --------------------------------------------------------------------------
-# An optimizer parameter is either a local parameter (named ``module.<key>`` by the wrapper, as
-# by torch DDP) or, under nb-sdp, a *slice parameter* ``slices.<piece>``: the held slice of a
-# partly held weight (runtime/masking.py). State shaped like the parameter is placed into a
-# tensor shaped like the local parameter and sharded exactly like it, so the owners of the
-# pieces write it and a loading rank receives exactly the pieces it holds.
+# An optimizer parameter is a local parameter or, under nb-sdp, a *slice parameter*: the held
+# slice of a partly held weight (runtime/masking.py); the rank model says which
+# (``RankModel.param_places``). State shaped like the parameter is placed into a tensor shaped
+# like the local parameter and sharded exactly like it, so the owners of the pieces write it
+# and a loading rank receives exactly the pieces it holds.
 OptParam = tuple[torch.Tensor, str, tuple[int, int, int] | None]  # (param, local key, slice)
 
 
-def _opt_params(opt: torch.optim.Optimizer, model: nn.Module) -> list[OptParam]:
-    names = {id(p): n for n, p in model.named_parameters()}
-    out: list[OptParam] = []
-    for group in opt.param_groups:
-        for p in group["params"]:
-            kind, dot, rest = names[id(p)].partition(".")
-            if dot and kind == "slices":
-                out.append((p, *split_piece(rest)))
-            else:
-                out.append((p, rest if dot and kind == "module" else names[id(p)], None))
-    return out
+def _opt_params(opt: torch.optim.Optimizer, model: RankModel) -> list[OptParam]:
+    places = {id(p): (key, where) for p, key, where in model.param_places()}
+    return [(p, *places[id(p)]) for group in opt.param_groups for p in group["params"]]
 
 
 def _region(
@@ -336,109 +281,6 @@ def _verify_together(ckpt: Path, manifest: dict[str, Any], rank: int, world: int
         raise CheckpointError(first)
 
 
-# -- where a run starts ----------------------------------------------------------------------
-def restart_count() -> int:
-    """How many times torch elastic has restarted this worker group (0 on the first attempt)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-def resume_source(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint a worker starts from, or None for a fresh start.
-
-    A group restarted by torch elastic (``--max-restarts``) continues from the newest
-    checkpoint of its own run: that is the automatic fault recovery."""
-    found = list_checkpoints(checkpoints_root(run_dir))
-    if restart_count() > 0 and found:
-        return found[-1]
-    if resume:
-        return resolve_checkpoint(resume)
-    if restart_count() == 0:
-        check_fresh_run_dir(run_dir)
-    return None
-
-
-def check_fresh_run_dir(run_dir: Path) -> None:
-    """A new run must not start in a folder holding another run's checkpoints."""
-    found = list_checkpoints(checkpoints_root(run_dir))
-    if found:
-        raise CheckpointError(
-            f"{run_dir} already holds checkpoints (latest {found[-1].name}) of an earlier run; "
-            f"continue it with --resume {run_dir}, or start a new run with another --out "
-            "(nothing was overwritten)")
-
-
-def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> TrainConfig:
-    """The configuration of a resumed run: the checkpoint's own, plus the options the user set
-    explicitly that a resume may change. Any other explicit option that differs is refused."""
-    ckpt = resolve_checkpoint(resume)
-    manifest = read_manifest(ckpt)
-    saved = dict(manifest["config"])
-    run_dir = ckpt.parent.parent
-    for name in sorted(explicit):
-        if name in RESUME_OVERRIDABLE:
-            saved[name] = given[name]
-        elif name == "out":
-            if Path(given["out"]).resolve() != run_dir.resolve():
-                raise CheckpointError(f"--out {given['out']} differs from the resumed run's "
-                                      f"folder {run_dir}; a resumed run continues in its own "
-                                      "folder (drop --out)")
-        elif name in given and given[name] != saved.get(name):
-            flag = "--" + name.replace("_", "-")
-            if name == "nproc":
-                raise CheckpointError(
-                    f"--nproc {given[name]}: the checkpoint {ckpt} was written by "
-                    f"{manifest['world']} workers and its plan is for {manifest['world']}; "
-                    f"resume with --nproc {manifest['world']} (or drop --nproc)")
-            raise CheckpointError(
-                f"{flag} {given[name]!r} differs from the resumed run's {saved.get(name)!r}; "
-                f"a resumed run keeps its configuration (drop {flag}, or start a new run with "
-                "another --out)")
-    if saved["steps"] <= manifest["step"]:
-        raise CheckpointError(
-            f"the checkpoint {ckpt} is at step {manifest['step']} and the run has "
-            f"--steps {saved['steps']}: nothing left to train; pass --steps > "
-            f"{manifest['step']} to train further")
-    saved["out"], saved["resume"] = str(run_dir), str(ckpt)
-    return TrainConfig.from_dict(saved)
-
-
-def preflight_resume(cfg: TrainConfig) -> None:
-    """Before any worker starts: the checkpoint is complete, intact and fits ``cfg.nproc``."""
-    if not cfg.resume:
-        return
-    ckpt = resolve_checkpoint(cfg.resume)
-    manifest = read_manifest(ckpt)
-    check_compatible(manifest, ckpt, world=cfg.nproc, strategy=cfg.strategy, plan=None,
-                     model_state=None)
-    verify_files(ckpt, manifest)
-
-
-def truncate_metrics(path: Path, start: int) -> list[dict[str, Any]]:
-    """Keep the metrics lines of steps before ``start`` (the steps about to be replayed are
-    written again) and return them."""
-    from subnetdp.metrics.sinks import read_jsonl
-
-    if not path.exists():
-        return []
-    kept = [r for r in read_jsonl(path) if int(r.get("step", -1)) < start]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in kept:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return kept
-
-
-def drop_replayed_metrics(path: Path, start: int, *, resumed: bool) -> list[float]:
-    """On a resumed or restarted run, drop the metrics lines of the steps about to be replayed
-    and return the losses logged before ``start``; a fresh run keeps its file as it is."""
-    if not (resumed or restart_count() > 0):
-        return []
-    return [float(r["loss"]) for r in truncate_metrics(path, start) if r.get("loss") is not None]
-
-
 def run_info(recipe: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     """What export and eval need to rebuild the plain model: the recipe, its overrides and the
     full model's state entries (key, shape, dtype) in the model's own order."""
@@ -446,20 +288,3 @@ def run_info(recipe: Any, overrides: dict[str, Any]) -> dict[str, Any]:
         state = recipe.build_model(**overrides).state_dict()
     return {"recipe": recipe.name, "model_overrides": dict(overrides),
             "model_state": [[k, list(v.shape), str(v.dtype)] for k, v in state.items()]}
-
-
-def stop_if_not_finite(loss: float, step: int, run_dir: Path, device: torch.device) -> None:
-    """Collective: every rank learns whether any rank's loss is NaN/inf and stops at the same
-    step, before the step's checkpoint, so the newest checkpoint stays the last good one."""
-    mine = torch.tensor([loss], dtype=torch.float64, device=device)
-    losses = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(losses, mine)
-    bad = {r: float(t.item()) for r, t in enumerate(losses) if not torch.isfinite(t).all()}
-    if not bad:
-        return
-    found = list_checkpoints(checkpoints_root(run_dir))
-    kept = (f"the last good checkpoint is kept: {found[-1]}" if found else
-            "no checkpoint had been written (use --ckpt-every N to keep progress)")
-    raise NonFiniteLossError(
-        f"the loss is not finite at step {step} (loss by rank: {bad}); training stopped and "
-        f"{kept}. Lower --lr or set --grad-clip and start a new run")

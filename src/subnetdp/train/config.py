@@ -6,8 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("ddp", "b-sdp", "n-sdp", "bb-sdp", "nb-sdp")
-DTYPES = ("fp32", "bf16")
+from subnetdp.strategy import Composition, Strategy, get_strategy
 
 
 @dataclass
@@ -41,6 +40,8 @@ class TrainConfig:
     vocab_size: int | None = None
     data_dir: str | None = None
     eval_batches: int = 40
+    # Losses are read (a host sync) and checked for NaN/inf (a collective) every log_every
+    # steps, before every checkpoint and at the end ([Note: log steps] in train/trainer.py).
     log_every: int = 10
     memory_step: int = 3  # measure memory on this step (after warm-up); -1 disables
     device: str = "auto"  # auto | cpu | cuda
@@ -60,14 +61,17 @@ class TrainConfig:
     # pair with this probability (inverted dropout); training mode only, ddp only.
     stochastic_depth: float = 0.0
     neuron_dropout: float = 0.0
-    # Composition (method.md §7): FSDP2 inside holder groups (with ddp: plain FSDP over the
-    # world), activation checkpointing per block, and the compute dtype: "bf16" = bf16 compute
-    # with fp32 master weights and optimizer state; reduce_dtype = the dtype FSDP averages
-    # gradients in (None: fp32).
+    # Composition (method.md §7, strategy.Composition): FSDP2 inside holder groups (with ddp:
+    # plain FSDP over the world), activation checkpointing per block, and the precision
+    # (strategy.DTYPES: fp32, bf16-mixed = bf16 compute with fp32 master state, bf16 = pure);
+    # reduce_dtype = the dtype FSDP averages gradients in (None: the master dtype).
     fsdp: bool = False
     ac: bool = False
     dtype: str = "fp32"
     reduce_dtype: str | None = None
+    # 2: the shared precision words (strategy.DTYPES); configs without it are version 1, whose
+    # dtype "bf16" meant bf16 compute with fp32 master state (now "bf16-mixed")
+    config_version: int = 2
 
     def resolved(self) -> TrainConfig:
         """A copy with every None filled from the recipe's defaults, validated."""
@@ -87,20 +91,28 @@ class TrainConfig:
         cfg.validate(recipe.task)
         return cfg
 
+    @property
+    def strategy_value(self) -> Strategy:
+        """The run's ``Strategy`` (``strategy`` is its name, as stored in config.json)."""
+        return get_strategy(self.strategy)
+
+    def composition(self) -> Composition:
+        """How the run's rank is built around its strategy (``parallelize`` reads this)."""
+        return Composition(fsdp=self.fsdp, ac=self.ac, dtype=self.dtype,
+                           reduce_dtype=self.reduce_dtype, bucket_cap_mb=self.bucket_cap_mb,
+                           output_scaling=self.output_scaling,
+                           refresh_every=self.refresh_every)
+
     def validate(self, task: str) -> None:
         def bad(msg: str) -> None:
             raise ValueError(msg)
 
-        if self.strategy not in STRATEGIES:
-            bad(f"--strategy {self.strategy!r} is not available; choose one of {STRATEGIES}")
+        strategy = self.strategy_value
+        self.composition().check(strategy)
+        if self.plan_file is not None and not strategy.is_sdp:
+            bad("--plan-file needs an SDP strategy (ddp holds the whole model); drop it")
         if self.neuron_groups is not None and self.neuron_groups < 1:
             bad(f"--neuron-groups must be >= 1, got {self.neuron_groups}")
-        if self.output_scaling not in (None, "none", "keep"):
-            bad(f"--output-scaling must be none or keep, got {self.output_scaling!r}")
-        if self.output_scaling == "keep" and self.strategy != "n-sdp":
-            bad("--output-scaling applies to --strategy n-sdp only")
-        if self.refresh_every < 1:
-            bad(f"--refresh-every must be >= 1 (1 = exact), got {self.refresh_every}")
         if not 0.0 < self.coverage <= 1.0:
             bad(f"--coverage must be in (0, 1], got {self.coverage}")
         if self.steps < 1:
@@ -115,6 +127,8 @@ class TrainConfig:
             bad(f"--lr must be > 0, got {self.lr}")
         if self.device not in ("auto", "cpu", "cuda"):
             bad(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if self.log_every < 1:
+            bad(f"--log-every must be >= 1, got {self.log_every}")
         if self.eval_batches < 1:
             bad(f"--eval-batches must be >= 1, got {self.eval_batches}")
         if self.ckpt_every < 0:
@@ -127,30 +141,22 @@ class TrainConfig:
                         ("--neuron-dropout", self.neuron_dropout)):
             if not 0.0 <= p < 1.0:
                 bad(f"{name} must be in [0, 1), got {p}")
-            if p > 0 and self.strategy != "ddp":
+            if p > 0 and strategy.is_sdp:
                 bad(f"{name} is a DDP baseline; use it with --strategy ddp")
         self._validate_composition(bad)
-        if (self.strategy in ("bb-sdp", "nb-sdp") and self.ckpt_every % self.refresh_every):
+        if strategy.backward_masked and self.ckpt_every % self.refresh_every:
             # Between refreshes non-holders hold stale copies that no shard records, so only
             # a checkpoint right after a refresh step resumes exactly.
             bad(f"--ckpt-every ({self.ckpt_every}) must be a multiple of --refresh-every "
                 f"({self.refresh_every}) under {self.strategy}")
 
     def _validate_composition(self, bad: Any) -> None:
-        if self.dtype not in DTYPES:
-            bad(f"--dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
-        if self.reduce_dtype is not None and self.reduce_dtype not in DTYPES:
-            bad(f"--reduce-dtype must be one of {tuple(DTYPES)}, got {self.reduce_dtype!r}")
+        """What ``Composition.check`` cannot see: the run's regularisers and checkpoints."""
         if self.ac and (self.stochastic_depth or self.neuron_dropout):
             bad("--ac does not combine with --stochastic-depth/--neuron-dropout: their masks "
                 "come from their own generator, so a recomputed block would draw new ones")
-        if self.reduce_dtype is not None and not self.fsdp:
-            bad("--reduce-dtype needs --fsdp (without it gradients are averaged in fp32)")
         if not self.fsdp:
             return
-        if self.strategy == "nb-sdp":
-            bad("--fsdp does not compose with nb-sdp (a partly held layer would need one mesh "
-                "per neuron group); use n-sdp, b-sdp or bb-sdp")
         if self.ckpt_every or self.resume:
             bad("--fsdp runs cannot write or resume checkpoints yet; drop --ckpt-every/--resume "
                 "or --fsdp")
@@ -162,4 +168,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        d = dict(d)
+        if d.setdefault("config_version", 1) == 1:
+            if d.get("dtype") == "bf16":
+                d["dtype"] = "bf16-mixed"
+            d["config_version"] = 2
         return cls(**d)

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -68,7 +67,6 @@ def launch(
     nproc: int,
     run_id: str,
     max_restarts: int = 0,
-    master_port: int | None = None,
     log_dir: str | None = None,
     start_method: str | None = None,
 ) -> dict[int, Any]:
@@ -107,7 +105,7 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    port = master_port if master_port is not None else free_port()
+    port = free_port()
     logs = DefaultLogsSpecs(
         log_dir=log_dir,
         redirects=Std.ALL if log_dir else Std.NONE,
@@ -244,9 +242,7 @@ def _preserved_process_state() -> Iterator[None]:
             os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env
 
 
-def init_distributed(
-    backend: str | None = None, *, timeout: timedelta | None = None
-) -> tuple[int, int]:
+def init_distributed(backend: str | None = None) -> tuple[int, int]:
     """Create the default process group in a worker and return ``(rank, world_size)``.
 
     ``backend=None`` picks NCCL when CUDA is available (and pins the worker to GPU
@@ -260,14 +256,11 @@ def init_distributed(
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    kwargs: dict[str, Any] = {"backend": backend}
-    if timeout is not None:
-        kwargs["timeout"] = timeout
     if under_launcher():
-        dist.init_process_group(**kwargs)  # env:// rendezvous set up by the launcher
+        dist.init_process_group(backend=backend)  # env:// rendezvous set up by the launcher
     else:
         # An in-memory store: no port to pick and nothing shared with other runs.
-        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 
 

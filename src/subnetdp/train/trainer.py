@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
@@ -11,8 +12,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.fsdp import FSDPModule
 
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.metrics.memory import measure_step_memory
@@ -20,73 +19,45 @@ from subnetdp.metrics.progress import Progress
 from subnetdp.metrics.sinks import JsonlSink, rank_jsonl_path, write_json_atomic
 from subnetdp.models import get_recipe
 from subnetdp.plan import diagnostics, worker_bytes
-from subnetdp.runtime import SubnetDataParallel
-from subnetdp.runtime.fsdp import local_full_state, local_tensor
+from subnetdp.runtime.rank import RankModel
 from subnetdp.subnet.build import build_full_model
-from subnetdp.train.build import (
-    DDPCommCounter,
-    FSDPCommCounter,
-    build_plan,
-    make_optimizer,
-    save_plan,
-    wrap_model,
-)
-from subnetdp.train.checkpoint import (
-    Checkpointer,
+from subnetdp.train.build import build_plan, build_rank, make_optimizer, save_plan
+from subnetdp.train.checkpoint import Checkpointer, run_info
+from subnetdp.train.config import TrainConfig
+from subnetdp.train.launch import init_distributed, shutdown_distributed
+from subnetdp.train.resume import (
     NonFiniteLossError,
     drop_replayed_metrics,
     resume_source,
-    run_info,
     stop_if_not_finite,
 )
-from subnetdp.train.config import TrainConfig
-from subnetdp.train.launch import init_distributed, shutdown_distributed
 from subnetdp.train.tasks import Task, make_task
 
 WARMUP_STEPS = 2  # excluded from the median step time (allocations, DDP bucket rebuild)
 
 
 def train_step(
-    model: nn.Module, opt: torch.optim.Optimizer, sched: Any, task: Task,
+    rank: RankModel, opt: torch.optim.Optimizer, sched: Any, task: Task,
     batch: tuple[torch.Tensor, torch.Tensor], grad_clip: float,
-) -> float:
-    """batch -> forward/backward (gradients come back reduced) -> clip -> step."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """batch -> forward/backward (gradients come back reduced) -> clip -> step. Returns the
+    loss and the gradient norm as device tensors: reading them is a host sync, left to the
+    caller's log steps."""
     x, y = batch
-    loss = task.loss(model(x), y)
+    loss = task.loss(rank.model(x), y)
     loss.backward()
-    if grad_clip > 0:
-        if isinstance(model, SubnetDataParallel):
-            model.clip_grad_norm_(grad_clip)  # the full model's norm, same on all holders
-        else:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    # the full model's norm, the same on every holder (SDP: each piece counted by its owner)
+    norm = rank.clip_grad_norm_(grad_clip) if grad_clip > 0 else None
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
-    return loss.item()
+    return loss.detach(), None if norm is None else norm.detach()
 
 
 def _device(cfg: TrainConfig) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _tracked(model: nn.Module) -> list[nn.Module]:
-    return model.tracked_modules() if isinstance(model, SubnetDataParallel) else [model]
-
-
-def _refresh_bytes(model: nn.Module) -> int:
-    return model.comm_stats.total_refresh_bytes if isinstance(model, SubnetDataParallel) else 0
-
-
-def _stored(params: Any) -> int:
-    return sum(local_tensor(p).numel() for p in params)
-
-
-def _comm_bytes(model: nn.Module, counter: DDPCommCounter | FSDPCommCounter | None) -> int:
-    if isinstance(model, SubnetDataParallel):
-        return model.comm_stats.total_bytes
-    return counter.total_bytes if counter is not None else 0
 
 
 def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +74,54 @@ def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
         shutdown_distributed()
 
 
+class _Window:
+    """Per-step records of the steps since the last log step. Losses and norms stay on the
+    device until ``flush``, which reads them all with one host sync and checks them with one
+    collective ([Note: log steps])."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.losses: list[torch.Tensor] = []
+        self.norms: list[torch.Tensor | None] = []
+        self.rows: list[dict[str, Any]] = []
+
+    def _clear(self) -> None:
+        self.steps, self.losses, self.norms, self.rows = [], [], [], []
+
+    def add(self, step: int, loss: torch.Tensor, norm: torch.Tensor | None,
+            row: dict[str, Any]) -> None:
+        self.steps.append(step)
+        self.losses.append(loss)
+        self.norms.append(norm)
+        self.rows.append(row)
+
+    def flush(self, sink: JsonlSink, out: Path, device: torch.device) -> list[float]:
+        """Write the window's lines; raise ``NonFiniteLossError`` on every rank at once if any
+        rank's loss went NaN/inf. Returns the losses."""
+        if not self.steps:
+            return []
+        losses = torch.stack(self.losses).float().tolist()
+        norms = [None if n is None else float(n) for n in self.norms]
+        for step, loss, norm, row in zip(self.steps, losses, norms, self.rows, strict=True):
+            sink.log(step, {"loss": loss, **({"grad_norm": norm} if norm is not None else {}),
+                            **row})
+        bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+        at = len(losses) - 1 if bad is None else bad
+        stop_if_not_finite(losses[at], self.steps[at], out, device)
+        self._clear()
+        return losses
+
+
+# [Note: log steps]
+# Reading a loss (``.item()``) waits for the device, and a finiteness check across ranks is a
+# collective; doing either every step would stall a GPU pipeline that the step itself never
+# needs to stall. So losses stay on the device and are read every ``log_every`` steps, before
+# every checkpoint (a non-finite loss is caught before the checkpoint after it is written, so
+# the newest checkpoint stays good) and at the end; every rank checks at the same steps, so all
+# stop at the same step. Step times are host times (exact on CPU; on GPU the log steps' sync
+# makes each window's total exact).
+
+
 def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +132,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     overrides = task.model_overrides()
     with torch.device("meta"):
         plan = build_plan(cfg, recipe.build_model(**overrides), recipe, world)
-    model, counter = wrap_model(cfg, recipe, plan, device, overrides)
+    model = build_rank(cfg, recipe, plan, device, overrides)
     opt, sched = make_optimizer(cfg, recipe, model)
     ckpt = Checkpointer(out, model, opt, sched, plan=plan, cfg=cfg, rank=rank, world=world,
                         info=run_info(recipe, overrides))
@@ -121,7 +140,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     start = ckpt.restore(source) if source is not None else 0
     if rank == 0:
         save_plan(plan, out / "plan.json")
-        write_json_atomic(out / "config.json", cfg.to_dict())
+        write_json_atomic(out / "config.json", {**cfg.to_dict(), "nproc": world})
 
     batches = task.batches(rank=rank, world=world, start_step=start)  # exact data position
     times: list[float] = []
@@ -130,54 +149,53 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     step_bytes: list[int] = []
     refresh_bytes: list[int] = []  # backward masking: owners -> non-holders, before forward
     progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress, desc=cfg.strategy)
+    comm = model.comm_stats
+    window = _Window()
+    loop_start = time.perf_counter()
     with JsonlSink(rank_jsonl_path(out, rank)) as sink:
         for step in range(start, cfg.steps):
             x, y = next(batches)
-            batch = (x.to(device), y.to(device))
-            sent_before = _comm_bytes(model, counter)
-            refreshed_before = _refresh_bytes(model)
+            batch = (x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+            sent_before, refreshed_before = comm.total_bytes, comm.total_refresh_bytes
             t0 = time.perf_counter()
             if step == cfg.memory_step:
-                loss, report = measure_step_memory(
+                (loss, norm), report = measure_step_memory(
                     partial(train_step, model, opt, sched, task, batch, cfg.grad_clip or 0.0),
-                    modules=_tracked(model), optimizers=[opt],
-                    grad_tensors=model.grad_buffers() if isinstance(model, SubnetDataParallel)
-                    else [],
+                    modules=model.tracked_modules(), optimizers=[opt],
+                    grad_tensors=model.grad_buffers(),
                 )
                 memory = report.to_dict()
             else:
-                loss = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0)
+                loss, norm = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0)
             dt = time.perf_counter() - t0
-            if isinstance(counter, FSDPCommCounter):
-                counter.count_step()
             # A segment too short for a warm-up (a resume near the end) times every step.
             warm = step - start >= WARMUP_STEPS or cfg.steps - start <= WARMUP_STEPS
             if warm and step != cfg.memory_step:
                 times.append(dt)
-            sent = _comm_bytes(model, counter) - sent_before
-            step_bytes.append(sent)
-            refresh_bytes.append(_refresh_bytes(model) - refreshed_before)
-            losses.append(loss)
-            stop_if_not_finite(loss, step, out, device)
+            step_bytes.append(comm.total_bytes - sent_before)
+            refresh_bytes.append(comm.total_refresh_bytes - refreshed_before)
             tps = task.items_per_batch / dt
-            sink.log(step, {"loss": loss, "lr": sched.get_last_lr()[0], "time/step_s": dt,
-                            "throughput(tps)": tps, "comm/bytes_per_step": sent,
-                            "comm/refresh_bytes_per_step": refresh_bytes[-1]})
-            progress.update(step + 1, loss=loss, tps=tps * world)
-            if ckpt.due(step + 1):
-                ckpt.save(step + 1)
+            window.add(step, loss, norm, {
+                "lr": sched.get_last_lr()[0], "time/step_s": dt, "throughput(tps)": tps,
+                "comm/bytes_per_step": step_bytes[-1],
+                "comm/refresh_bytes_per_step": refresh_bytes[-1]})
+            done = step + 1
+            due = ckpt.due(done)
+            if due or done % cfg.log_every == 0 or done == cfg.steps:
+                losses += window.flush(sink, out, device)
+                progress.update(done, loss=losses[-1], tps=tps * world)
+            if due:
+                ckpt.save(done)
     progress.close()
+    train_time = time.perf_counter() - loop_start
 
     evaluation = _evaluate(model, recipe, task, device, overrides, rank)
     median = statistics.median(times) if times else float("nan")
-    sdp = model if isinstance(model, SubnetDataParallel) else None
-    masking = "backward" if sdp is not None and sdp.backward_masked else "forward"
-    wb = worker_bytes(plan, rank, masking=masking)
+    wb = worker_bytes(plan, rank, masking=model.strategy.cost_masking)
     stats = {
         "rank": rank,
-        # stored on this rank (FSDP: its shards)
-        "params_held": sdp.params_held if sdp else _stored(model.parameters()),
-        "params_trained": sdp.params_trained if sdp else _stored(model.parameters()),
+        "params_held": model.params_held,  # stored on this rank (FSDP: its shards)
+        "params_trained": model.params_trained,
         # the first step has nothing to refresh yet; the median is the steady state
         "refresh_bytes_per_step": statistics.median(refresh_bytes[1:] or refresh_bytes or [0]),
         "units_held": plan.held_units(rank),
@@ -186,9 +204,10 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
         "comm_bytes_per_step": statistics.median(step_bytes[1:] or step_bytes or [0]),
         "comm_ring_bytes_per_step": wb.allreduce_ring,
         # counted by the reducers: per step, by collective and by process group (payload, ring)
-        "comm": comm_record(model, counter, steps=cfg.steps - start, world=world),
+        "comm": comm_record(comm, steps=cfg.steps - start),
         "analytic": wb.to_dict(),
         "step_time_s": median,
+        "train_time_s": train_time,
         "final_train_loss": statistics.fmean(losses[-10:]),
     }
     gathered: list[dict[str, Any]] | None = [{} for _ in range(world)] if rank == 0 else None
@@ -201,25 +220,20 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
 
 
 def _evaluate(
-    model: nn.Module, recipe: Any, task: Task, device: torch.device,
+    model: RankModel, recipe: Any, task: Task, device: torch.device,
     overrides: dict[str, Any], rank: int,
 ) -> dict[str, float]:
-    """Validation on the *full* model: SDP assembles each unit from its owner on rank 0, FSDP
-    gathers every parameter (collective)."""
-    if isinstance(model, SubnetDataParallel | FSDPModule):
-        state = (model.full_state_dict() if isinstance(model, SubnetDataParallel)
-                 else local_full_state(model))
-        result: dict[str, float] = {}
-        if rank == 0:
-            assert state is not None
-            with torch.device("meta"):
-                full = recipe.build_model(**overrides)
-            full = build_full_model(full, recipe.adapter, device=device)
-            full.load_state_dict(state)
-            result = task.evaluate(full, device)
-        return result
-    module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    return task.evaluate(module, device) if rank == 0 else {}
+    """Validation on the *full* model, on rank 0: SDP assembles each unit from its owner,
+    FSDP gathers every parameter, DDP hands over its replica (collective)."""
+    state = model.full_state_dict()
+    if rank != 0:
+        return {}
+    assert state is not None
+    with torch.device("meta"):
+        full = recipe.build_model(**overrides)
+    full = build_full_model(full, recipe.adapter, device=device)
+    full.load_state_dict(state)
+    return task.evaluate(full, device)
 
 
 def _summary(
@@ -231,12 +245,14 @@ def _summary(
     return {
         "recipe": cfg.recipe,
         "strategy": cfg.strategy,
-        "coverage": cfg.coverage if cfg.strategy != "ddp" else 1.0,
+        # what the plan gives (a --plan-file's, the units' rounding), not the option
+        "coverage": round(statistics.fmean(diag["unit_coverage"]), 6),
         "world": world,
         "steps": cfg.steps,
         "final_train_loss": statistics.fmean(r["final_train_loss"] for r in ranks),
         **evaluation,
         "step_time_s": step_time,
+        "train_time_s": max(r["train_time_s"] for r in ranks),
         "throughput(tps)": world * items_per_batch / step_time,
         "params_total": plan.shared_size + sum(u.size for u in plan.units),
         "plan": {k: diag[k] for k in ("unit_coverage", "param_coverage", "mask_error",

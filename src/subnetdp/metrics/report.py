@@ -1,8 +1,16 @@
-"""Readable tables of run summaries."""
+"""Readable tables of run summaries (``summary.json``): one run, or runs side by side.
+
+No torch: the CLI, the quality study and the benchmarks format summaries read back from disk.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
+
+from subnetdp.strategy import Composition, get_strategy
+from subnetdp.strategy import label as strategy_label
 
 MiB = 2**20
 
@@ -13,15 +21,18 @@ def _worst(summary: dict[str, Any], key: str) -> float:
 
 
 def row_values(summary: dict[str, Any]) -> dict[str, float]:
-    """The headline figures of a run (per-worker figures: the worst rank)."""
+    """The headline figures of a run (per-worker figures: the worst rank; NaN: not measured)."""
     quality = summary.get("val_accuracy", summary.get("val_loss", float("nan")))
+    train_time = summary.get("train_time_s")
     return {
+        "steps": float(summary["steps"]),
         "quality": quality,
         "params": _worst(summary, "params_held"),
         "memory": _worst(summary, "peak_memory_bytes"),
         "bytes": _worst(summary, "comm_bytes_per_step"),
         "refresh": max((r.get("refresh_bytes_per_step") or 0) for r in summary["per_rank"]),
         "step_time": summary["step_time_s"],
+        "train_time": float("nan") if train_time is None else float(train_time),
     }
 
 
@@ -39,26 +50,36 @@ def format_summary(summary: dict[str, Any]) -> str:
         *([f"  refresh / step     {v['refresh'] / MiB:.2f} MiB (owners -> non-holders, max)"]
           if v["refresh"] else []),
         f"  step time          {v['step_time']:.3f} s (median)",
+        *([f"  wall time (train)  {v['train_time']:.1f} s (training loop, slowest rank)"]
+          if math.isfinite(v["train_time"]) else []),
     ]
     return "\n".join(lines)
 
 
 def label(summary: dict[str, Any]) -> str:
-    """A run's column header: its strategy, with the coverage for SDP runs."""
-    if summary["strategy"] == "ddp":
-        return "ddp"
-    return f"{summary['strategy']} (C={summary['coverage']})"
+    """A run's column header: ``strategy.label`` of its strategy and composition, e.g.
+    ``ddp``, ``fsdp+ac``, ``b-sdp (C=0.5)``."""
+    cfg = summary.get("config", {})
+    strategy = get_strategy(summary["strategy"])
+    comp = Composition(fsdp=cfg.get("fsdp", False), ac=cfg.get("ac", False))
+    return strategy_label(strategy, comp, summary["coverage"] if strategy.is_sdp else None)
+
+
+def _cell(fmt: Callable[[float], str], value: float) -> str:
+    return fmt(value) if math.isfinite(value) else "-"
 
 
 def comparison_table(
     base: dict[str, Any], *others: dict[str, Any], labels: list[str] | None = None
 ) -> str:
-    """Side by side: a base run, other runs, and the ratio other / base of every figure."""
+    """Side by side: a base run, other runs, and the ratio other / base of every figure
+    (``-``: not measured, or nothing to compare with)."""
     runs = [base, *others]
     names = labels or [label(r) for r in runs]
     vals = [row_values(r) for r in runs]
     qname = "val accuracy" if "val_accuracy" in base else "val loss (full model)"
-    fields = [
+    fields: list[tuple[str, str, Callable[[float], str]]] = [
+        ("steps", "steps", lambda v: f"{v:.0f}"),
         (qname, "quality", lambda v: f"{v:.4f}"),
         ("params held / worker", "params", lambda v: f"{v / 1e6:.3f} M"),
         ("peak memory / worker", "memory", lambda v: f"{v / MiB:.1f} MiB"),
@@ -66,14 +87,16 @@ def comparison_table(
         ("median step time", "step_time", lambda v: f"{v:.3f} s"),
     ]
     if any(v["refresh"] for v in vals):  # backward masking's second traffic, kept apart
-        fields.insert(4, ("refresh sent / step", "refresh", lambda v: f"{v / MiB:.2f} MiB"))
+        fields.insert(5, ("refresh sent / step", "refresh", lambda v: f"{v / MiB:.2f} MiB"))
+    if any(math.isfinite(v["train_time"]) for v in vals):  # summaries that record it
+        fields.append(("wall time (train)", "train_time", lambda v: f"{v:.1f} s"))
     ratio_names = [f"{n.split(' ')[0]} / {names[0].split(' ')[0]}" for n in names[1:]]
     header = ["", *names, *ratio_names]
     rows = []
     for title, key, fmt in fields:
         b = vals[0][key]
-        ratios = [f"{v[key] / b:.3f}" if b else "-" for v in vals[1:]]
-        rows.append([title, *(fmt(v[key]) for v in vals), *ratios])
+        ratios = [_cell(lambda r: f"{r:.3f}", v[key] / b) if b else "-" for v in vals[1:]]
+        rows.append([title, *(_cell(fmt, v[key]) for v in vals), *ratios])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i])
                        for i, c in enumerate(header))]

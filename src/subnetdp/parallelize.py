@@ -1,0 +1,149 @@
+"""``parallelize``: one rank's model for every strategy, the only builder train, bench and the
+study use (torchtitan's ``parallelize_<model>`` shape).
+
+The order, the same for every strategy:
+
+1. **Precision of storage.** ``dtype="bf16"`` stores everything in bf16: the (meta) model is
+   cast first, so what is materialised, trained and reduced is bf16. ``bf16-mixed`` keeps
+   fp32 storage and sets a bf16 compute dtype applied at step 4.
+2. **Materialise.** Baselines allocate the full model with subnetdp's name-seeded init (so a
+   baseline starts from exactly the values the subnetworks' union starts from); SDP leaves it
+   on the meta device and ``SubnetDataParallel`` allocates only the held units.
+3. **Activation checkpointing** per block, before any data-parallel wrapper, so that FSDP's
+   hooks stay outside the recomputed region (SDP: inside the wrapper, same position).
+4. **The data-parallel wrapper:** torch DDP (the fair one: [Note: the fair DDP baseline]),
+   FSDP2 over the world, or ``SubnetDataParallel`` (holder reducer, or FSDP2 per holder group);
+   mixed precision is torch.autocast around DDP's and the reducer's forward, FSDP's
+   ``MixedPrecisionPolicy`` under FSDP (gradients reduced in fp32 unless ``reduce_dtype``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from subnetdp.plan import Plan, make_plan
+from subnetdp.runtime.checkpointing import checkpoint_blocks
+from subnetdp.runtime.rank import FSDPRank, RankModel, TorchDDPRank
+from subnetdp.strategy import Composition, Strategy, get_strategy
+from subnetdp.subnet.adapter import UnitAdapter
+from subnetdp.subnet.build import build_full_model
+from subnetdp.subnet.units import describe_units, unit_modules
+
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def storage_dtype(comp: Composition) -> torch.dtype:
+    """Parameters, gradients and optimizer state (the master copy)."""
+    return torch.bfloat16 if comp.dtype == "bf16" else torch.float32
+
+
+def compute_dtype(comp: Composition) -> torch.dtype | None:
+    """The compute dtype under mixed precision, else None (compute in the storage dtype)."""
+    return torch.bfloat16 if comp.dtype == "bf16-mixed" else None
+
+
+def reduce_dtype(comp: Composition) -> torch.dtype | None:
+    """The dtype FSDP averages gradients in: as asked, else the master dtype under mixed
+    precision (FSDP's own default would be the compute dtype), else FSDP's default."""
+    if comp.reduce_dtype is not None:
+        return _TORCH_DTYPES[comp.reduce_dtype]
+    return storage_dtype(comp) if compute_dtype(comp) is not None else None
+
+
+def parallelize(
+    model: nn.Module,
+    *,
+    adapter: UnitAdapter,
+    strategy: Strategy | str,
+    plan: Plan | None = None,
+    comp: Composition | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    prepare_full: Callable[[nn.Module], None] | None = None,
+    find_unused_parameters: bool = False,
+    fake: bool = False,
+) -> RankModel:
+    """This rank's model (the process group is up). ``model`` is the full model, best on the
+    meta device (SDP then never allocates what this rank does not hold).
+
+    ``plan``: required for SDP strategies. ``prepare_full``: applied to a baseline's full
+    model after materialising (the study's stochastic-depth and neuron-dropout baselines);
+    ``find_unused_parameters`` is then DDP's. ``fake``: inside ``FakeTensorMode`` (the memory
+    estimator), where torch DDP's C++ reducer cannot run on fake storage: ``ddp`` is then
+    built as the holder reducer with everyone holding everything, which has exactly DDP's
+    bucket-view memory (``tests/dist/test_bench_measure.py`` checks it against real DDP)."""
+    strat = get_strategy(strategy)
+    comp = comp or Composition()
+    comp.check(strat)
+    dev = torch.device(device)
+    model.to(storage_dtype(comp))  # 1. precision of storage
+    if fake and not strat.is_sdp and not comp.fsdp:
+        units, shared = describe_units(model, adapter)
+        plan = make_plan(world=dist.get_world_size(), units=units, coverage=1.0,
+                         shared_size=shared)
+        return _sdp(model, adapter, get_strategy("b-sdp"), plan, comp, dev, seed)
+    if strat.is_sdp:
+        if plan is None:
+            raise ValueError(f"{strat.name} needs a plan (subnetdp.make_plan)")
+        return _sdp(model, adapter, strat, plan, comp, dev, seed)
+    full = build_full_model(model, adapter, device=dev, seed=seed)  # 2. materialise
+    if prepare_full is not None:
+        prepare_full(full)
+    if comp.ac:  # 3.
+        checkpoint_blocks(full, [name for name, _ in unit_modules(full, adapter)])
+    if comp.fsdp:  # 4.
+        return _fsdp(full, adapter, strat, comp, dev)
+    if (dtype := compute_dtype(comp)) is not None:
+        _autocast_forward(full, dtype)
+    return TorchDDPRank(full, strategy=strat, device=dev, bucket_cap_mb=comp.bucket_cap_mb,
+                        bucket_view=comp.ddp_bucket_view,
+                        find_unused_parameters=find_unused_parameters)
+
+
+def _sdp(
+    model: nn.Module, adapter: UnitAdapter, strat: Strategy, plan: Plan, comp: Composition,
+    dev: torch.device, seed: int,
+) -> RankModel:
+    from subnetdp.runtime.wrapper import SubnetDataParallel
+
+    # Steps 2-4 happen inside: materialise held units, checkpoint blocks, then the backend.
+    return SubnetDataParallel(
+        model, plan=plan, adapter=adapter, strategy=strat, device=dev, init_seed=seed,
+        bucket_cap_mb=comp.bucket_cap_mb, output_scaling=comp.output_scaling,
+        refresh_every=comp.refresh_every, fsdp=comp.fsdp, activation_checkpointing=comp.ac,
+        param_dtype=compute_dtype(comp), reduce_dtype=reduce_dtype(comp) if comp.fsdp else None,
+    )
+
+
+def _fsdp(
+    full: nn.Module, adapter: UnitAdapter, strat: Strategy, comp: Composition, dev: torch.device
+) -> RankModel:
+    """FSDP2 over the world (ZeRO-3): every block, then the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from subnetdp.runtime.fsdp import shard_over_mesh, world_mesh
+
+    param, red = compute_dtype(comp), reduce_dtype(comp)
+    policy = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=red)
+    traffic = shard_over_mesh(full, [b for _, b in unit_modules(full, adapter)],
+                              world_mesh(dev.type), policy)
+    master = storage_dtype(comp).itemsize
+    return FSDPRank(full, strategy=strat, traffic=traffic,
+                    param_bytes=(param.itemsize if param is not None else master),
+                    reduce_bytes=(red.itemsize if red is not None else master))
+
+
+def _autocast_forward(model: nn.Module, dtype: torch.dtype) -> None:
+    """Run ``model``'s forward under ``torch.autocast`` (bf16 compute, fp32 parameters)."""
+    inner = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(next(model.parameters()).device.type, dtype=dtype):
+            return inner(*args, **kwargs)
+
+    model.forward = forward  # type: ignore[method-assign]

@@ -1,0 +1,183 @@
+"""What a rank is built as: the strategy (one table) and its composition, as plain values.
+
+No torch here: the CLI, config validation, plans and reports ask these values instead of
+comparing strategy strings, and ``subnetdp.parallelize`` turns them into a rank's model.
+
+A strategy is a *level* (what a unit is: ``none`` = no subnetworks, ``block`` = residual
+blocks, ``neuron`` = neuron groups of every layer pair) and a *masking* (``forward``: a worker
+runs only what it holds; ``backward``: it runs the full model but trains only what it holds).
+A new strategy is one row of ``STRATEGIES``; a new baseline one entry of ``Composition``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+Level = Literal["none", "block", "neuron"]
+Masking = Literal["none", "forward", "backward"]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    level: Level
+    masking: Masking
+    help: str
+
+    @property
+    def is_sdp(self) -> bool:
+        """Subnetworks at all (everything but ``ddp``)."""
+        return self.level != "none"
+
+    @property
+    def neuron_level(self) -> bool:
+        return self.level == "neuron"
+
+    @property
+    def backward_masked(self) -> bool:
+        """Full forward on every worker; gradients and optimizer state only for held units."""
+        return self.masking == "backward"
+
+    @property
+    def drops_blocks(self) -> bool:
+        """Non-held blocks are removed from the local model (b-sdp)."""
+        return self.level == "block" and self.masking == "forward"
+
+    @property
+    def composes_with_fsdp(self) -> bool:
+        # nb-sdp: a partly held layer inside a frozen full layer would need one FSDP mesh per
+        # neuron group of the same parameter.
+        return not (self.neuron_level and self.backward_masked)
+
+    @property
+    def default_output_scaling(self) -> str:
+        """n-sdp scales kept hidden units by 1/keep-rate while training (measured: see
+        ``subnet.scaling``); nothing else scales."""
+        return "keep" if self.neuron_level and self.masking == "forward" else "none"
+
+    @property
+    def cost_masking(self) -> str:
+        """The plan's cost model (``plan.worker_bytes``): what a worker stores and runs."""
+        return "backward" if self.backward_masked else "forward"
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("ddp", "none", "none", "the full model on every worker (torch DDP)"),
+    Strategy("b-sdp", "block", "forward", "a subset of the blocks, forward and backward"),
+    Strategy("n-sdp", "neuron", "forward",
+             "a subset of the neuron groups of every layer pair, physically narrower layers"),
+    Strategy("bb-sdp", "block", "backward",
+             "the full model forward; gradients and optimizer state only for held blocks"),
+    Strategy("nb-sdp", "neuron", "backward", "as bb-sdp, at neuron level"),
+)}
+NAMES = tuple(STRATEGIES)
+SDP_NAMES = tuple(n for n, s in STRATEGIES.items() if s.is_sdp)
+
+# Precision, the same words everywhere: fp32; bf16-mixed = bf16 compute with fp32 master
+# parameters, gradients and optimizer state (FSDP's MixedPrecisionPolicy under FSDP,
+# torch.autocast otherwise); bf16 = everything stored and computed in bf16.
+DTYPES = ("fp32", "bf16-mixed", "bf16")
+# bytes per element of what a worker stores (parameters, gradients, optimizer state): the
+# master dtype's (the plan's cost model, ``plan.worker_bytes``)
+MASTER_BYTES = {"fp32": 4, "bf16-mixed": 4, "bf16": 2}
+REDUCE_DTYPES = ("fp32", "bf16")
+OUTPUT_SCALINGS = ("none", "keep")
+
+
+def get_strategy(name: str | Strategy) -> Strategy:
+    if isinstance(name, Strategy):
+        return name
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(NAMES)}") from None
+
+
+@dataclass(frozen=True)
+class Composition:
+    """How a rank is built around its strategy: the parallelism it composes with, precision
+    and the reducer's settings. ``parallelize`` reads nothing else.
+
+    ``fsdp``: FSDP2 inside each holder group (with ``ddp``: plain FSDP2 over the world);
+    ``ac``: activation checkpointing per block; ``reduce_dtype``: the dtype FSDP averages
+    gradients in (None: the master dtype); ``ddp_bucket_view``: torch DDP writes gradients
+    straight into its buckets (one gradient copy, like subnetdp's reducer: the fair
+    baseline); False is torch's default, a second gradient copy, only ever as a labelled
+    extra baseline; ``output_scaling``: None = the strategy's default."""
+
+    fsdp: bool = False
+    ac: bool = False
+    dtype: str = "fp32"
+    reduce_dtype: str | None = None
+    bucket_cap_mb: float = 25.0
+    output_scaling: str | None = None
+    refresh_every: int = 1
+    ddp_bucket_view: bool = True
+
+    def check(self, strategy: Strategy) -> None:
+        """Refuse combinations that cannot be built, with a message that says what to do."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.reduce_dtype is not None and self.reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"--reduce-dtype must be one of {', '.join(REDUCE_DTYPES)}, got "
+                             f"{self.reduce_dtype!r}")
+        if self.reduce_dtype is not None and not self.fsdp:
+            raise ValueError("--reduce-dtype needs --fsdp (without it gradients are averaged "
+                             "in the master dtype)")
+        if self.fsdp and not strategy.composes_with_fsdp:
+            raise ValueError(f"--fsdp does not compose with {strategy.name} (a partly held "
+                             "layer would need one FSDP mesh per neuron group); use n-sdp, "
+                             "b-sdp or bb-sdp")
+        if self.output_scaling not in (None, *OUTPUT_SCALINGS):
+            raise ValueError(f"--output-scaling must be one of {', '.join(OUTPUT_SCALINGS)}, "
+                             f"got {self.output_scaling!r}")
+        if self.output_scaling == "keep" and strategy.default_output_scaling != "keep":
+            raise ValueError("--output-scaling keep applies to n-sdp only (forward-masked "
+                             "neurons)")
+        if self.refresh_every < 1:
+            raise ValueError(f"--refresh-every must be >= 1 (1 = exact), got "
+                             f"{self.refresh_every}")
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"--bucket-cap-mb must be > 0, got {self.bucket_cap_mb}")
+        if not self.ddp_bucket_view and (strategy.is_sdp or self.fsdp):
+            raise ValueError("ddp_bucket_view=False is torch DDP's default buckets, a ddp "
+                             "baseline only")
+
+    def output_scaling_for(self, strategy: Strategy) -> str:
+        return self.output_scaling or strategy.default_output_scaling
+
+    def replace(self, **changes: object) -> Composition:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def label(strategy: Strategy, comp: Composition, coverage: float | None = None) -> str:
+    """A run's or a benchmark row's name: ``ddp``, ``ddp+ac``, ``fsdp``, ``fsdp+ac``,
+    ``ddp (default buckets)``, ``b-sdp+fsdp+ac (C=0.5)``."""
+    if not strategy.is_sdp:
+        base = "fsdp" if comp.fsdp else "ddp"
+        name = base + ("+ac" if comp.ac else "")
+        return name if comp.ddp_bucket_view else f"{name} (default buckets)"
+    name = strategy.name + ("+fsdp" if comp.fsdp else "") + ("+ac" if comp.ac else "")
+    return name if coverage is None else f"{name} (C={coverage:g})"
+
+
+BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")
+
+
+def parse_label(text: str) -> tuple[Strategy, Composition]:
+    """The inverse of ``label`` for names without coverage: ``fsdp+ac`` is ddp with FSDP and
+    activation checkpointing, ``b-sdp+fsdp`` is b-sdp composed with FSDP."""
+    head, *mods = text.split("+")
+    unknown = [m for m in mods if m not in ("fsdp", "ac")]
+    if unknown or len(set(mods)) != len(mods):
+        raise ValueError(f"unknown strategy {text!r}; choose one of "
+                         f"{', '.join((*BASELINES, *SDP_NAMES))}, optionally with +fsdp/+ac")
+    fsdp = head == "fsdp" or "fsdp" in mods
+    strategy = get_strategy("ddp" if head == "fsdp" else head)
+    if not strategy.is_sdp and head == "ddp" and "fsdp" in mods:
+        raise ValueError(f"{text!r}: the FSDP baseline is spelled 'fsdp' (or 'fsdp+ac')")
+    comp = Composition(fsdp=fsdp, ac="ac" in mods)
+    comp.check(strategy)
+    return strategy, comp

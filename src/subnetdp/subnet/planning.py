@@ -1,0 +1,27 @@
+"""A model's plan for a strategy: block units or neuron groups, one function for every caller."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from subnetdp.plan import Plan, make_plan
+from subnetdp.strategy import Strategy
+from subnetdp.subnet.adapter import UnitAdapter
+from subnetdp.subnet.neurons import make_neuron_plan
+from subnetdp.subnet.units import describe_units
+
+
+def plan_for(
+    model: nn.Module, adapter: UnitAdapter, strategy: Strategy, *, world: int, coverage: float,
+    scheme: str = "spread", seed: int = 0, neuron_groups: int | None = None,
+    neuron_kinds: str | None = None, rotate: bool = False,
+) -> Plan:
+    """The plan of ``strategy`` at ``coverage`` (``ddp``: everyone holds every block, so the
+    reports of every strategy read one plan shape). ``model`` may be on the meta device."""
+    if strategy.neuron_level:
+        return make_neuron_plan(model, adapter, world=world, coverage=coverage, scheme=scheme,
+                                seed=seed, groups=neuron_groups, kinds=neuron_kinds,
+                                rotate=rotate)
+    units, shared = describe_units(model, adapter)
+    return make_plan(world=world, units=units, coverage=coverage if strategy.is_sdp else 1.0,
+                     scheme=scheme, seed=seed, shared_size=shared)
