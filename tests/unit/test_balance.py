@@ -54,9 +54,7 @@ def test_balanced_never_worse_than_spread_on_random_sizes(world, n_units, cov, m
 
 
 def test_balanced_is_strictly_better_on_most_random_cases() -> None:
-    """The fallback must not be what makes the property hold: count real improvements. (The
-    rest fall back to spread for the gap floor: with one unit of > 50% of the cost, a
-    balanced plan mixes its holders with the others only through light units.)"""
+    """The fallback must not be what makes the property hold: count real improvements."""
     better = 0
     for world, n_units, cov, h, seed in CASES:
         rng = np.random.default_rng(seed)
@@ -64,7 +62,7 @@ def test_balanced_is_strictly_better_on_most_random_cases() -> None:
         plan = make_plan(world=world, units=_units(sizes), coverage=cov, scheme="balanced",
                          seed=seed, min_holders=h)
         better += plan.scheme == "balanced"
-    assert better >= 0.6 * len(CASES)
+    assert better >= 0.8 * len(CASES)
 
 
 def test_resnet18_worst_rank_falls_to_the_coverage_bound() -> None:
@@ -80,23 +78,6 @@ def test_resnet18_worst_rank_falls_to_the_coverage_bound() -> None:
     assert abs(np.mean(bal) - np.mean(spread)) < 0.02  # the same total coverage
     # same holder counts as spread (2 per unit at C = 0.5 on 4 workers): same mask error
     assert bal_plan.holder_counts() == [2] * len(units)
-
-
-SWIN_T = [111987, 111987, 445158, 445158] + [1775052] * 6 + [7088088] * 2
-
-
-@pytest.mark.parametrize(("sizes", "shared"), [(RESNET18, RESNET18_SHARED), (SWIN_T, 1564330)])
-@pytest.mark.parametrize(("world", "cov"),
-                         [(4, 0.75), (4, 0.5), (8, 0.5), (8, 0.69), (4, 0.375), (8, 0.375)])
-def test_model_units_are_balanced_strictly(sizes, shared, world, cov) -> None:
-    units = _units(sizes)
-    plan = make_plan(world=world, units=units, coverage=cov, scheme="balanced",
-                     shared_size=shared)
-    spread = make_plan(world=world, units=units, coverage=cov, shared_size=shared)
-    assert plan.scheme == "balanced"
-    caps = [cov] * world
-    assert max_ratio(plan.matrix, sizes, caps) < max_ratio(spread.matrix, sizes, caps)
-    assert spectral_gap(plan) >= GAP_FLOOR * spectral_gap(spread)
 
 
 def test_equal_units_keep_spread() -> None:
@@ -122,7 +103,7 @@ def test_heterogeneous_capacities_are_met() -> None:
 
 
 def test_capacities_too_small_are_refused() -> None:
-    with pytest.raises(PlanError, match=r"capacities sum to 0\.8"):
+    with pytest.raises(PlanError, match="capacities sum to 0.8"):
         balanced_matrix([1.0] * 6, world=4, capacities=[0.2] * 4, min_holders=1)
     with pytest.raises(PlanError, match="need >= 2"):
         balanced_matrix([1.0] * 6, world=4, capacities=[0.4] * 4, min_holders=2)
@@ -136,7 +117,7 @@ def test_capacities_need_the_balanced_scheme() -> None:
 def test_min_holders_is_checked_for_spread_too() -> None:
     with pytest.raises(PlanError, match="--min-holders 3"):
         make_plan(world=4, units=8, coverage=0.5, min_holders=3)
-    plan = make_plan(world=4, units=_units(RESNET18), coverage=0.75, scheme="balanced",
+    plan = make_plan(world=4, units=_units(RESNET18), coverage=0.5, scheme="balanced",
                      min_holders=3)
     assert min(plan.holder_counts()) >= 3
 
@@ -150,22 +131,3 @@ def test_hundreds_of_units_and_workers_are_fast() -> None:
     plan = make_plan(world=128, units=_units(sizes), coverage=0.4, scheme="balanced")
     assert time.perf_counter() - t0 < 60  # a few seconds on a quiet core
     assert plan.scheme == "balanced" and is_connected(plan)
-
-
-def test_plan_command_explains_a_balanced_recipe_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    import json
-
-    from subnetdp.cli import main
-
-    argv = ["plan", "--world", "4", "--recipe", "resnet18-cifar10", "--coverage", "0.5",
-            "--scheme", "balanced", "--balance", "params", "--batch-size", "8"]
-    assert main([*argv, "--json"]) == 0
-    rep = json.loads(capsys.readouterr().out)
-    assert rep["scheme"] == "balanced" and max(rep["param_coverage"]) < 0.53
-    assert len(rep["unit_costs"]["units"]) == 8 and rep["unit_costs"]["batch"] == 8
-    assert all(u["fwd_flops"] > 0 and u["act_bytes"] > 0 for u in rep["unit_costs"]["units"])
-    assert [round(r["params"], 6) for r in rep["per_rank_cost"]] == \
-        [round(p, 6) for p in rep["param_coverage"]]
-    assert main(argv) == 0
-    table = capsys.readouterr().out
-    assert "per-rank cost" in table and "#" in table and "max / mean" in table

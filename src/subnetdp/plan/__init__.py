@@ -1,8 +1,7 @@
 """Plans: which worker holds which unit, and what that costs. Pure data and maths (no torch).
 
-``make_plan`` builds a plan from a scheme (spread, random, cost-balanced), ``explicit_plan``
-from a user matrix; ``diagnostics`` scores it (coverage, mask error, spectral gap,
-connectivity) and ``worker_bytes`` prices it.
+``make_plan`` builds a plan from a scheme (spread, random, or cost-balanced), ``explicit_plan`` from a user matrix; ``diagnostics``
+scores it (coverage, mask error, spectral gap, connectivity) and ``worker_bytes`` prices it.
 """
 
 from subnetdp.plan.balance import balanced_matrix, max_ratio

@@ -23,8 +23,7 @@ Four deterministic phases (``seed`` only breaks ties):
    that joins two of them is added.
 4. *Local search*: the rank with the largest ratio gives a copy to (or swaps one with) the
    rank that makes the pair's larger ratio smallest, as long as that strictly lowers the
-   maximum and keeps the graph connected (and, on a second try, the spectral gap above a
-   floor). Moves keep every unit's holder count.
+   maximum and keeps the graph connected. Moves keep every unit's holder count.
 
 The result is compared with ``spread`` by the caller (``schemes.make_plan``), which keeps
 spread whenever balanced would not be strictly better, so balanced is never worse.
@@ -32,7 +31,7 @@ spread whenever balanced would not be strictly better, so balanced is never wors
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -47,8 +46,6 @@ MOVES_PER_WORKER = 20
 # Base copies may go to a rank whose ratio is up to this much above the best one, if that rank
 # shares less with the unit's other holders (mixing); the local search evens loads out after.
 MIX_TOLERANCE = 0.05
-# Relocations scored per round when raising the spectral gap (each costs an eigensolve).
-MIX_CANDIDATES = 48
 
 
 class _State:
@@ -67,24 +64,6 @@ class _State:
         rng = np.random.default_rng(seed)
         self.rank_tie = rng.random(n) * 1e-9  # sub-resolution: only breaks ties
         self.unit_tie = rng.permutation(len(weights))
-        self.gap_of: Callable[[Matrix], float] | None = None
-        self.min_gap = 0.0
-        self.gap = -1.0  # the current matrix's gap, once computed
-
-    def matrix(self) -> Matrix:
-        return tuple(tuple(bool(x) for x in row) for row in self.held)
-
-    def keeps_mixing(self) -> bool:
-        """Connected, and (with a gap function) the gap stays >= min(min_gap, current gap)."""
-        if not self.connected():
-            return False
-        if self.gap_of is None:
-            return True
-        new = self.gap_of(self.matrix())
-        if new < min(self.min_gap, self.gap):
-            return False
-        self.gap = new
-        return True
 
     def _pair(self, i: int, u: int, sign: int) -> None:
         others = np.flatnonzero(self.held[:, u])
@@ -129,26 +108,19 @@ class _State:
 def balanced_matrix(
     weights: Sequence[float], *, world: int, capacities: Sequence[float],
     min_holders: int = 1, seed: int = 0, local_search: bool = True,
-    gap: Callable[[Matrix], float] | None = None, min_gap: float = 0.0,
 ) -> Matrix:
     """The balanced plan matrix ``[rank][unit]`` (module docstring). ``capacities[i]``: rank
     i's share of the total unit cost; their sum must cover ``min_holders`` copies of every
-    unit. With ``gap`` (a matrix's spectral gap), the local search also refuses moves that
-    take the gap below ``min_gap`` (or below its current value, if already lower): slower,
-    one eigen-decomposition per accepted move, so callers try without it first."""
+    unit."""
     w = _check(weights, world, capacities, min_holders)
     st = _State(w, np.asarray(capacities, dtype=float) * w.sum(), seed)
-    st.gap_of, st.min_gap = gap, min_gap
     base = max(min_holders, min(world, int(sum(capacities) + 1e-9)))
     _base_copies(st, base)
     _fill(st)
     _repair(st)
     if local_search:
-        if gap is not None:
-            st.gap = gap(st.matrix())
-            _mix(st)
         _improve(st)
-    return st.matrix()
+    return tuple(tuple(bool(x) for x in row) for row in st.held)
 
 
 def max_ratio(matrix: Sequence[Sequence[bool]], weights: Sequence[float],
@@ -194,7 +166,7 @@ def _base_copies(st: _State, copies: int) -> None:
             # and again (ResNet-18 at C = 0.5 on 4 workers: {0,1} and {2,3} met only through
             # a 0.6% unit, spectral gap ~0).
             near = np.flatnonzero(after <= after.min() + MIX_TOLERANCE)
-            overlap = st.shared_cost[np.ix_(near, np.asarray(chosen, dtype=np.int64))].sum(axis=1)
+            overlap = st.shared_cost[np.ix_(near, chosen)].sum(axis=1)
             i = int(near[np.lexsort((after[near], overlap))[0]])
             st.add(i, u)
             chosen.append(i)
@@ -265,37 +237,6 @@ def _improve(st: _State) -> None:
             return
 
 
-def _mix(st: _State) -> None:
-    """Raise the spectral gap towards ``min_gap`` without raising the largest ratio: each round
-    scores up to MIX_CANDIDATES relocations (seeded sample) and applies the best one."""
-    rng = np.random.default_rng(len(st.t) * 7919 + len(st.w))
-    for _ in range(2 * len(st.t)):
-        if st.gap_of is None or st.gap >= st.min_gap:
-            return
-        top = float(st.ratios().max())
-        moves = [(a, u, b) for a, u in zip(*np.nonzero(st.held), strict=True)
-                 for b in np.flatnonzero(~st.held[:, u])
-                 if (st.load[b] + st.w[u]) / st.t[b] <= top + EPS]
-        if not moves:
-            return
-        pick = rng.permutation(len(moves))[:MIX_CANDIDATES]
-        best: tuple[float, int, int, int] | None = None
-        for a, u, b in (moves[int(k)] for k in pick):
-            st.remove(int(a), int(u))
-            st.add(int(b), int(u))
-            if st.connected():
-                g = st.gap_of(st.matrix())
-                if g > st.gap + EPS and (best is None or g > best[0]):
-                    best = (g, int(a), int(u), int(b))
-            st.remove(int(b), int(u))
-            st.add(int(a), int(u))
-        if best is None:
-            return
-        st.gap, src, unit, dst = best
-        st.remove(src, unit)
-        st.add(dst, unit)
-
-
 def _best_move(st: _State, a: int, r: np.ndarray) -> bool:
     """Apply the best connectivity-keeping move off rank ``a``; False if none improves.
 
@@ -325,8 +266,10 @@ def _best_move(st: _State, a: int, r: np.ndarray) -> bool:
             if p2[k] < limit:
                 moves.append((float(p2[k]), int(ua[k[0]]), int(b), int(vs[k[1]])))
         moves.sort()
-    # the best few; one usually keeps connectivity
-    return any(_try_move(st, a, mu, mb, mv) for _, mu, mb, mv in moves[:32])
+    for _, u, b, v in moves[:32]:  # the best few; one usually keeps connectivity
+        if _try_move(st, a, u, b, v):
+            return True
+    return False
 
 
 def _try_move(st: _State, a: int, u: int, b: int, v: int) -> bool:

@@ -245,8 +245,7 @@ def _balanced(
 ) -> tuple[Matrix, str]:
     """The balanced matrix, or spread's when balanced would not be strictly better.
 
-    Candidates, first acceptable wins: the full scheme, the full scheme with a gap-aware local
-    search, and its greedy phases alone (``balance.py``). With equal
+    Candidates: the full scheme and its greedy phases alone (``balance.py``). With equal
     capacities the spread plan at the same coverage is the reference: a candidate must lower
     the largest per-rank cost strictly, stay connected and keep its spectral gap >=
     GAP_FLOOR x spread's, or spread is returned (and named: scheme "spread"). With unequal
@@ -265,11 +264,9 @@ def _balanced(
         spread = None
     homogeneous = len(set(caps)) == 1
     ref_gap = gap(spread) if spread is not None else 0.0
-    # fast search first; then one that refuses moves below the gap floor; then greedy alone
-    for local_search, watch_gap in ((True, False), (True, True), (False, False)):
+    for local_search in (True, False):
         m = balanced_matrix(weights, world=world, capacities=caps, min_holders=min_holders,
-                            seed=seed, local_search=local_search,
-                            gap=gap if watch_gap else None, min_gap=GAP_FLOOR * ref_gap)
+                            seed=seed, local_search=local_search)
         if len(connected_components(m)) > 1 or gap(m) < GAP_FLOOR * ref_gap:
             continue
         if not (homogeneous and spread is not None) or \
