@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FORMAT_VERSION = 1
-SCHEMES = ("spread", "random", "balanced", "explicit")
+SCHEMES = ("spread", "random", "explicit")
 
 
 class PlanError(ValueError):
