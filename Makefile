@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-done
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench study clean
+.PHONY: setup demo test lint bench bench-balanced study clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,12 @@ lint: $(STAMP)
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/reducer_overhead.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/paper_scale.py
+
+# Spread vs balanced plans (benchmarks/results/balanced.md): cost model and estimator at paper
+# scale (ResNet-18, WRN-18, Swin-T, llama-1b), 2:1:1:1 budgets, and short 4-worker CPU runs
+# (compute-time stragglers, quality); about 20 min on a shared 2-core machine.
+bench-balanced: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/balanced.py
 
 # The quality study (docs/results/quality.md): every strategy and the DDP stochastic-depth /
 # dropout baselines at C = 0.75, 0.5, 0.375, step- and FLOP-matched, 3 seeds, on llama-tiny and

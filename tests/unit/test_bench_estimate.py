@@ -158,3 +158,52 @@ def test_bad_spec_says_how_to_fix() -> None:
         BenchSpec(strategy="ddp", dtype="fp16", **TINY)
     with pytest.raises(ValueError, match="max_seq_len"):
         meta_model(BenchSpec(strategy="ddp", **{**TINY, "seq": 100_000}))
+
+
+# a ResNet-18 at width 4 on 28x28: image steps of a few hundred ops
+IMAGE = {"recipe": "resnet18-fmnist", "world": 4, "batch": 4, "seq": 2,
+         "model_args": (("width", 4),)}
+
+
+@pytest.mark.parametrize("opts", [{"strategy": "b-sdp"}, {"strategy": "ddp", "coverage": 1.0},
+                                  {"strategy": "b-sdp", "scheme": "balanced"}],
+                         ids=["spread", "ddp", "balanced"])
+def test_image_estimate_state_equals_the_analytic_formula(opts: dict) -> None:
+    """Image recipes run an image batch of the recipe's shape with cross-entropy; every rank's
+    state bytes are the plan's, and ranks holding unequal blocks get unequal estimates."""
+    spec = BenchSpec(**{"coverage": 0.5, **IMAGE, **opts})
+    est = estimate_memory(spec)
+    for r in est.per_rank:
+        assert r.state == r.analytic, (spec.label, r.rank)
+        assert r.breakdown["activations"] > 0
+    if spec.is_sdp:
+        peaks = {r.peak_bytes for r in est.per_rank}
+        assert len(peaks) > 1  # ResNet's stages differ: spread and balanced rows differ
+
+
+def test_image_balanced_lowers_the_worst_rank_state() -> None:
+    spread = estimate_memory(BenchSpec(strategy="b-sdp", coverage=0.5, **IMAGE))
+    balanced = estimate_memory(BenchSpec(strategy="b-sdp", coverage=0.5, scheme="balanced",
+                                         **IMAGE))
+    worst = [max(r.state["params"] for r in e.per_rank) for e in (spread, balanced)]
+    assert worst[1] < 0.7 * worst[0]
+
+
+def test_swin_estimate_runs_and_its_init_matches_torch() -> None:
+    """Swin's truncated-normal init runs under fake tensors and draws torch's values."""
+    import torch
+    from torch import nn
+
+    from subnetdp.models.swin.model import trunc_normal_
+
+    a, b = torch.empty(64, 9), torch.empty(64, 9)
+    torch.manual_seed(3)
+    nn.init.trunc_normal_(a, std=0.02)
+    torch.manual_seed(3)
+    trunc_normal_(b, std=0.02)
+    assert torch.equal(a, b)
+    spec = BenchSpec(recipe="swin-t-fmnist", strategy="b-sdp", world=4, batch=2, seq=2,
+                     coverage=0.5, model_args=(("depths", (2, 2)), ("embed_dim", 12),
+                                               ("num_heads", (1, 2))))
+    for r in estimate_memory(spec).per_rank:
+        assert r.state == r.analytic

@@ -242,7 +242,7 @@ def test_too_little_coverage_names_minimum() -> None:
 
 
 def test_other_make_plan_errors() -> None:
-    with pytest.raises(PlanError, match=r"unknown scheme 'ring'.*'spread' or 'random'"):
+    with pytest.raises(PlanError, match=r"unknown scheme 'ring'.*'spread', 'random' or 'balanced'"):
         make_plan(world=4, units=8, coverage=0.5, scheme="ring")
     with pytest.raises(PlanError, match="world must be >= 1"):
         make_plan(world=0, units=8, coverage=0.5)

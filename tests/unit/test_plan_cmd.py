@@ -129,7 +129,8 @@ def test_units_and_recipe_are_exclusive(capsys: pytest.CaptureFixture[str]) -> N
              capsys)
 
 
-@pytest.mark.parametrize("extra", [["--units", "12", "--coverage", "0.5"], ["--plan-file"]])
+@pytest.mark.parametrize("extra", [["--units", "12", "--coverage", "0.5"], ["--plan-file"],
+                                   ["--units", "12", "--capacities", "1,.5,.5,.5,.5,.5,.5,.5"]])
 def test_plan_without_a_recipe_imports_no_torch(extra: list[str], tmp_path: Path) -> None:
     if extra == ["--plan-file"]:
         path = tmp_path / "p.json"

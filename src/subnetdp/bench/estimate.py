@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,9 +35,11 @@ from subnetdp.bench.strategies import (
     BenchSpec,
     Built,
     build_rank,
+    example_batch,
     lm_step,
     make_bench_plan,
     meta_model,
+    train_step,
     vocab_size,
 )
 from subnetdp.metrics.memory import CATEGORIES
@@ -143,16 +147,21 @@ def _estimate_rank(spec: BenchSpec, rank: int) -> RankEstimate:
 
     dist.init_process_group("fake", rank=rank, world_size=spec.world, store=FakeStore())
     try:
-        vocab = vocab_size(spec)
         recipe, meta = meta_model(spec)  # real meta tensors: fake mode then allocates fakes
+        vocab = vocab_size(spec) if recipe.task == "lm" else None
         with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
             # the reducer compares data_ptr()s, which fake tensors lack (views are attached
             # before forward, so the comparison's outcome does not change the memory)
             warnings.simplefilter("ignore", UserWarning)
             built = build_rank(spec, fake=True, prebuilt=(recipe, meta))
-            tokens = torch.randint(0, vocab, (spec.batch, spec.seq + 1))
+            batch = example_batch(spec, vocab=vocab)
+            if recipe.task == "lm":  # one [batch, seq + 1] tensor, sliced inside the step,
+                tokens = torch.cat([batch[0], batch[1][:, -1:]], dim=1)  # as bench.step does
+                step: Callable[..., Any] = partial(lm_step, built, tokens)
+            else:
+                step = partial(train_step, built, *batch)
             state: dict[str, int] = {}
-            peak = _second_step_peak(built, tokens, state)
+            peak = _second_step_peak(built, step, state)
     finally:
         dist.destroy_process_group()
     breakdown = _categories(peak.get(torch.device("cpu"), {}))
@@ -161,18 +170,18 @@ def _estimate_rank(spec: BenchSpec, rank: int) -> RankEstimate:
                         analytic_state(spec, rank, plan))
 
 
-def _second_step_peak(built: Built, tokens: torch.Tensor, state: dict[str, int]) -> Any:
+def _second_step_peak(built: Built, step: Callable[..., Any], state: dict[str, int]) -> Any:
     from subnetdp.metrics.memory import make_tracker
 
     tracker = make_tracker()  # copes with backward masking's frozen parameters
     tracker.track_external(*built.rank.tracked_modules(), built.optimizer)
     with tracker:
-        lm_step(built, tokens)
+        step()
         tracker.reset_mod_stats()  # per-module stats refuse a second iteration otherwise
         # MemTracker has no public "reset peak"; restart it exactly as __enter__ starts it.
         tracker._peak_mem_snap = tracker.get_tracker_snapshot()
         tracker._peak_mem = {d: s["Total"] for d, s in tracker._peak_mem_snap.items()}
-        lm_step(built, tokens, after_step=lambda: state.update(held_state_bytes(built)))
+        step(after_step=lambda: state.update(held_state_bytes(built)))
         peak = tracker.get_tracker_snapshot("peak")
     tracker._WINFO.clear()  # drop the weak references' callbacks now (see metrics.memory)
     return peak

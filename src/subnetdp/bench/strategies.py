@@ -58,7 +58,8 @@ def all_strategies() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class BenchSpec:
-    """One configuration to measure or estimate. ``coverage`` only matters for SDP.
+    """One configuration to measure or estimate. ``coverage`` only matters for SDP; ``seq``
+    only for language models (image recipes take the recipe's image size).
 
     ``strategy``: a baseline label (``ddp``, ``ddp+ac``, ``fsdp``, ``fsdp+ac``) or an SDP
     strategy, which ``fsdp``/``ac`` compose with FSDP2 over each holder group and with
@@ -78,6 +79,13 @@ class BenchSpec:
     bucket_cap_mb: float = 25.0
     # recipe overrides as sorted (name, value) pairs (hashable), e.g. (("n_layers", 2),)
     model_args: tuple[tuple[str, Any], ...] = ()
+    # the SDP plan (plan.schemes.make_plan): scheme, what balanced balances (subnet.costs,
+    # measured at this spec's batch), per-rank capacities (heterogeneous workers; balanced
+    # only, ``coverage`` then unused) and the minimum holders per unit
+    scheme: str = "spread"
+    balance: str = "params"
+    capacities: tuple[float, ...] | None = None
+    min_holders: int = 1
 
     def __post_init__(self) -> None:
         strategy, _ = parse_label(self.strategy)
@@ -166,12 +174,13 @@ class Built:
 def meta_model(spec: BenchSpec) -> tuple[Recipe, nn.Module]:
     """The recipe and its full model on the meta device, in ``spec.dtype`` (nothing allocated)."""
     recipe = get_recipe(spec.recipe)
-    if recipe.task != "lm":
-        raise ValueError(f"the benchmarks drive language models; {spec.recipe} is {recipe.task}")
+    if recipe.task not in ("lm", "image"):
+        raise ValueError(f"the benchmarks drive language and image models; {spec.recipe} is "
+                         f"{recipe.task}")
     with torch.device("meta"):
         model = recipe.build_model(**dict(spec.model_args))
     max_seq = getattr(getattr(model, "config", None), "max_seq_len", spec.seq)
-    if spec.seq > max_seq:
+    if recipe.task == "lm" and spec.seq > max_seq:
         raise ValueError(f"--seq-len {spec.seq} exceeds {spec.recipe}'s max_seq_len {max_seq}; "
                          "use a shorter sequence")
     return recipe, model.to(storage_dtype(spec.composition()))
@@ -179,8 +188,15 @@ def meta_model(spec: BenchSpec) -> tuple[Recipe, nn.Module]:
 
 def make_bench_plan(spec: BenchSpec, model: nn.Module, recipe: Recipe) -> Plan:
     """The plan of an SDP spec; baselines get the everyone-holds-everything block plan."""
+    costs = None
+    if spec.scheme == "balanced" and spec.balance != "params" and spec.is_sdp:
+        from subnetdp.subnet.costs import recipe_costs
+
+        costs = recipe_costs(recipe, batch=spec.batch, seq=spec.seq,
+                             model_args=dict(spec.model_args)).weights(spec.balance)
     return plan_for(model, recipe.adapter, spec.strategy_value, world=spec.world,
-                    coverage=spec.coverage, seed=spec.seed)
+                    coverage=spec.coverage, seed=spec.seed, scheme=spec.scheme, costs=costs,
+                    capacities=spec.capacities, min_holders=spec.min_holders)
 
 
 def build_rank(
@@ -207,14 +223,23 @@ def _adamw(rank: RankModel) -> torch.optim.Optimizer:
 def lm_step(
     built: Built, tokens: torch.Tensor, *, after_step: Callable[[], None] | None = None
 ) -> float:
-    """One training step: forward, loss, backward (reduction included), optimizer step.
+    """One language-model training step on ``tokens`` ``[batch, seq + 1]`` (``train_step``)."""
+    return train_step(built, tokens[:, :-1], tokens[:, 1:], after_step=after_step)
 
-    ``tokens`` is ``[batch, seq + 1]``; ``after_step`` runs after ``optimizer.step()`` and
-    before gradients are released (the estimator reads the state bytes there).
+
+def train_step(
+    built: Built, inputs: torch.Tensor, targets: torch.Tensor, *,
+    after_step: Callable[[], None] | None = None,
+) -> float:
+    """One training step: forward, cross-entropy, backward (reduction included), optimizer step.
+
+    ``targets`` has the shape of the logits without their last (class) dimension: next tokens
+    ``[batch, seq]`` or image labels ``[batch]``. ``after_step`` runs after ``optimizer.step()``
+    and before gradients are released (the estimator reads the state bytes there).
     """
     model, opt = built.rank.model, built.optimizer
-    logits = model(tokens[:, :-1])  # mixed precision is inside (parallelize)
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), tokens[:, 1:].reshape(-1))
+    logits = model(inputs)  # mixed precision is inside (parallelize)
+    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
     loss.backward()
     opt.step()
     if after_step is not None:
@@ -227,6 +252,23 @@ def _is_fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(t, FakeTensor)
+
+
+def example_batch(spec: BenchSpec, generator: torch.Generator | None = None, *,
+                  vocab: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random (inputs, targets) of ``spec``'s shape: tokens ``[batch, seq]`` and the next
+    tokens, or images ``[batch, C, H, W]`` (the recipe's size, the storage dtype) and labels.
+    ``vocab``: ``vocab_size(spec)``, passed in under fake mode (it builds a meta model)."""
+    recipe = get_recipe(spec.recipe)
+    if recipe.task == "lm":
+        tokens = torch.randint(0, vocab or vocab_size(spec), (spec.batch, spec.seq + 1),
+                               generator=generator)
+        return tokens[:, :-1], tokens[:, 1:]
+    d = recipe.defaults
+    side = int(d["image_size"])
+    images = torch.randn(spec.batch, int(d["in_channels"]), side, side, generator=generator,
+                         dtype=storage_dtype(spec.composition()))
+    return images, torch.randint(0, int(d["num_classes"]), (spec.batch,), generator=generator)
 
 
 def vocab_size(spec: BenchSpec) -> int:

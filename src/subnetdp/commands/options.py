@@ -72,6 +72,27 @@ def add_neuron_arguments(p: Container) -> None:
                    help="n-sdp/nb-sdp: rotate each layer's spread window by the layer index")
 
 
+SCHEMES = ("spread", "random", "balanced")
+BALANCE_OBJECTIVES = ("params", "flops", "memory")  # subnet.costs.OBJECTIVES (torch-free here)
+
+
+def add_scheme_arguments(p: Container, *, default: str | None) -> None:
+    """``--scheme``, ``--balance`` and ``--min-holders`` (``plan.schemes.make_plan``)."""
+    p.add_argument("--scheme", default=default, choices=SCHEMES,
+                   help="spread (windows), random, or balanced: each rank holds about the "
+                        "coverage's share of the units' cost, never worse than spread "
+                        f"(default {default or 'spread'})")
+    # Default params: the state b-sdp shrinks, independent of the batch. At CIFAR batches a
+    # ResNet's saved activations are about equal per block and dominate "memory", so balancing
+    # memory keeps spread there (benchmarks/results/balanced.md).
+    p.add_argument("--balance", default="params", choices=BALANCE_OBJECTIVES,
+                   help="balanced: the unit cost to balance: params (default), or measured "
+                        "from the model at the batch size: flops (forward + backward) or "
+                        "memory (state + activations)")
+    p.add_argument("--min-holders", type=int, default=1, metavar="H",
+                   help="every unit is held by at least H workers (default 1)")
+
+
 def strategy_list(text: str) -> list[str]:
     """A comma-separated ``--strategies`` value, each entry checked like ``--strategy``."""
     return [_label(s.strip()) for s in text.split(",") if s.strip()]

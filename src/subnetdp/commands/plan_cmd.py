@@ -5,6 +5,9 @@
     subnetdp plan --world 4 --recipe llama-tiny --strategy n-sdp --coverage 0.5 [--rotate]
     subnetdp plan --plan-file matrix.json [--recipe NAME]
     subnetdp plan --world 8 --recipe llama-1b --memory-gb 40 [--batch-size 1 --seq-len 2048]
+    subnetdp plan --recipe llama-1b --memory-gb 80,40,40,40 --save plan.json
+    subnetdp plan --world 4 --recipe resnet18-cifar10 --coverage 0.5 --scheme balanced
+    subnetdp plan --world 4 --recipe swin-t-cifar10 --capacities 1,0.5,0.5,0.5 --save p.json
 
 torch is imported only where a model is built (``--recipe``, ``--memory-gb``; on the meta
 device: no memory); ``--units`` and ``--plan-file`` alone need only ``subnetdp.plan``.
@@ -24,6 +27,7 @@ from subnetdp.commands.options import (
     add_neuron_arguments,
     add_plan_file_argument,
     add_recipe_argument,
+    add_scheme_arguments,
     add_strategy_argument,
 )
 from subnetdp.plan import (
@@ -53,8 +57,12 @@ def add_parser(subparsers: Any) -> None:
                         help="use this recipe's blocks (or neuron groups) as units, e.g. "
                              "llama-tiny")
     p.add_argument("--coverage", type=float, help="fraction of units each worker holds, in (0, 1]")
-    p.add_argument("--scheme", choices=["spread", "random"], help="default: spread")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random scheme (default 0)")
+    add_scheme_arguments(p, default=None)
+    p.add_argument("--capacities", metavar="C0,C1,...",
+                   help="heterogeneous workers: each rank's share of the units' cost, e.g. "
+                        "1,0.5,0.5,0.5 (implies --scheme balanced; replaces --coverage)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random and balanced schemes (default 0)")
     add_strategy_argument(p, default="b-sdp", sdp_only=True,
                           note="units are blocks (b-sdp, bb-sdp) or the neuron groups of "
                                "every layer pair (n-sdp, nb-sdp; needs --recipe); bb/nb: "
@@ -72,11 +80,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--save", metavar="FILE", help="also write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     budget = p.add_argument_group(
-        "memory budget (subnetdp.bench.budget; needs --recipe, --world)",
+        "memory budget (subnetdp.bench.budget / .hetero; needs --recipe, and --world "
+        "with one budget)",
         "--fsdp/--ac compose the SDP options; the baselines are listed by name (fsdp+ac, ...)")
-    budget.add_argument("--memory-gb", type=float,
-                        help="search strategies and coverages that fit in this many GB/worker")
-    add_batch_arguments(budget, batch_size=1, seq_len=2048, default_note="default %(default)s")
+    budget.add_argument("--memory-gb", metavar="GB[,GB...]",
+                        help="one value: search strategies and coverages that fit in this many "
+                             "GB/worker; one per worker (e.g. 80,40,40,40): a balanced plan "
+                             "in which every rank's estimated peak fits its budget")
+    add_batch_arguments(budget, batch_size=None, seq_len=None,
+                        default_note="--memory-gb: default 1 x 2048; unit costs: the "
+                                     "recipe's")
     add_composition_arguments(budget)
     p.set_defaults(func=run)
 
@@ -92,6 +105,15 @@ def _model_units(name: str) -> tuple[list[Unit], int]:
     with torch.device("meta"):
         model = recipe.build_model()
     return describe_units(model, recipe.adapter)
+
+
+def _model_costs(args: argparse.Namespace) -> Any:
+    """The recipe's measured unit costs (``subnet.costs``) at --batch-size/--seq-len."""
+    from subnetdp.models import get_recipe
+    from subnetdp.subnet.costs import recipe_costs
+
+    recipe = get_recipe(args.recipe)
+    return recipe_costs(recipe, batch=args.batch_size, seq=args.seq_len)
 
 
 def _load_explicit(path: str) -> tuple[list[list[Any]], list[Unit] | None, int | None]:
@@ -167,25 +189,54 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
         raise PlanError("give --units N or --recipe NAME (or --plan-file FILE)")
     if args.world is None:
         raise PlanError("give --world N, the number of workers")
-    if args.coverage is None:
+    capacities = _capacities(args.capacities, args.world)
+    if capacities is not None:
+        if args.scheme not in (None, "balanced"):
+            raise PlanError("--capacities needs --scheme balanced (the default with it)")
+        args.scheme = "balanced"
+    elif args.coverage is None:
         raise PlanError("give --coverage C in (0, 1], the fraction of units each worker holds")
+    costs = None
+    if args.scheme == "balanced" and args.recipe is not None:
+        args.costs = _model_costs(args)  # kept for the report's per-rank cost table
+        costs = args.costs.weights(args.balance)
     plan = make_plan(
         world=args.world,
         units=units,
-        coverage=args.coverage,
+        coverage=1.0 if capacities is not None else args.coverage,
         scheme=args.scheme or "spread",
         seed=args.seed,
         shared_size=shared,
+        costs=costs,
+        capacities=capacities,
+        min_holders=args.min_holders,
     )
     return plan, args.recipe
 
 
+def _capacities(text: str | None, world: int) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        caps = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PlanError(f"--capacities takes numbers separated by commas, got {text!r}") from None
+    if len(caps) != world:
+        raise PlanError(f"--capacities has {len(caps)} values for --world {world}; give one "
+                        "per worker")
+    return caps
+
+
 def report(
     plan: Plan, model: str | None, *, param_bytes: int, optimizer_states: int,
-    masking: str = "forward",
+    masking: str = "forward", costs: Any = None,
 ) -> dict:
-    """Everything ``subnetdp plan`` prints, JSON-ready."""
+    """Everything ``subnetdp plan`` prints, JSON-ready; with ``costs`` (``subnet.costs``
+    ``ModelCosts``), the measured unit costs and each rank's share of the full model's."""
     out = diagnostics(plan)
+    if costs is not None:
+        out["unit_costs"] = costs.to_dict()
+        out["per_rank_cost"] = _per_rank_cost(plan, costs)
     if plan.coverage is not None:
         # Neuron-level units are named "pair[g]" and k applies per layer pair.
         first = plan.units[0].name.partition("[")[0]
@@ -204,6 +255,38 @@ def report(
         for i in range(plan.world)
     ]
     return out
+
+
+def _per_rank_cost(plan: Plan, costs: Any) -> list[dict[str, float]]:
+    """Per rank: parameters, FLOPs (forward + backward) and the cost model's memory (state +
+    activations), each as a fraction of the full model's."""
+    kinds = {"params": lambda c: c.params, "flops": lambda c: c.flops,
+             "memory": lambda c: c.memory_bytes()}
+    full = {k: f(costs.shared) + sum(f(u) for u in costs.units) for k, f in kinds.items()}
+    return [{k: (f(costs.shared) + sum(f(costs.units[u]) for u in plan.held_units(i)))
+             / max(full[k], 1) for k, f in kinds.items()} for i in range(plan.world)]
+
+
+def _bar(x: float, width: int = 20) -> str:
+    n = round(max(0.0, min(1.0, x)) * width)
+    return "#" * n + "." * (width - n)
+
+
+def format_costs(rep: dict) -> str:
+    """The per-rank cost table with text bars (share of the full model's cost)."""
+    rows = rep["per_rank_cost"]
+    c = rep["unit_costs"]
+    batch = f"batch {c['batch']}" + (f" x {c['seq']} tokens" if c["seq"] else "")
+    lines = [f"per-rank cost, share of the full model (measured on meta tensors, {batch}; "
+             "memory = parameters, gradients, AdamW state and saved activations):",
+             f"{'worker':>6}  {'params':>6} {'':20}  {'FLOPs':>6} {'':20}  {'memory':>6} {'':20}"]
+    for i, r in enumerate(rows):
+        lines.append(f"{i:>6}  " + "  ".join(f"{r[k]:>6.3f} {_bar(r[k])}"
+                                             for k in ("params", "flops", "memory")))
+    for k in ("params", "flops", "memory"):
+        vals = [r[k] for r in rows]
+        lines.append(f"{k:>8}: max / mean = {max(vals) / (sum(vals) / len(vals)):.3f}")
+    return "\n".join(lines)
 
 
 def _ranges(units: list[int]) -> str:
@@ -243,23 +326,60 @@ def format_table(rep: dict) -> str:
 
 
 def _budget(args: argparse.Namespace) -> int:
-    """``--memory-gb``: the strategies and coverages that fit (``bench.budget.plan_budget``)."""
-    from subnetdp.bench.budget import format_options, plan_budget
+    """``--memory-gb``: one budget, the strategies and coverages that fit
+    (``bench.budget.plan_budget``); one per worker, a balanced plan that fits them all
+    (``bench.hetero.plan_for_budgets``)."""
     from subnetdp.bench.strategies import BenchSpec
 
     try:
-        if args.recipe is None or args.world is None:
+        try:
+            budgets = [float(x) for x in args.memory_gb.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--memory-gb takes numbers separated by commas, got "
+                             f"{args.memory_gb!r}") from None
+        world = args.world if len(budgets) == 1 else len(budgets)
+        if args.recipe is None or world is None:
             raise ValueError("--memory-gb needs --recipe NAME and --world N")
-        base = BenchSpec(recipe=args.recipe, strategy="ddp", world=args.world,
-                         batch=args.batch_size, seq=args.seq_len, dtype=args.dtype)
-        options = plan_budget(base, args.memory_gb, fsdp=args.fsdp, ac=args.ac)
+        if args.world is not None and world != args.world:
+            raise ValueError(f"--memory-gb has {len(budgets)} budgets for --world "
+                             f"{args.world}; give one per worker (or one for all)")
+        base = BenchSpec(recipe=args.recipe, strategy="ddp", world=world,
+                         batch=args.batch_size or 1, seq=args.seq_len or 2048,
+                         dtype=args.dtype)
+        if len(budgets) > 1:
+            return _per_rank_budgets(args, base, budgets)
+        from subnetdp.bench.budget import format_options, plan_budget
+
+        options = plan_budget(base, budgets[0], fsdp=args.fsdp, ac=args.ac)
     except ValueError as e:
         print(f"subnetdp plan: error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps({"memory_gb": args.memory_gb, "options": [o.to_dict() for o in options]}))
+        print(json.dumps({"memory_gb": budgets[0], "options": [o.to_dict() for o in options]}))
     else:
-        print(format_options(options, base, args.memory_gb))
+        print(format_options(options, base, budgets[0]))
+    return 0
+
+
+def _per_rank_budgets(args: argparse.Namespace, base: Any, budgets: list[float]) -> int:
+    """A balanced plan whose every rank fits its budget (estimator-checked), or a refusal
+    (``BudgetError``, a ValueError) with the smallest budgets that would work."""
+    from subnetdp.bench.hetero import format_budget_plan, plan_for_budgets
+
+    spec = base.replace(strategy=args.strategy, fsdp=args.fsdp, ac=args.ac,
+                        min_holders=args.min_holders, seed=args.seed)
+    bp = plan_for_budgets(spec, budgets)
+    if args.save:
+        from subnetdp.bench.strategies import make_bench_plan, meta_model
+
+        recipe, meta = meta_model(bp.spec)
+        with open(args.save, "w") as f:
+            f.write(make_bench_plan(bp.spec, meta, recipe).to_json() + "\n")
+    if args.json:
+        print(json.dumps({"memory_gb": budgets, "capacities": list(bp.spec.capacities or ()),
+                          "estimate": bp.estimate.to_dict(), "rounds": bp.rounds}))
+    else:
+        print(format_budget_plan(bp))
     return 0
 
 
@@ -277,8 +397,14 @@ def run(args: argparse.Namespace) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"subnetdp plan: error: {msg}", file=sys.stderr)
         return 2
+    costs = getattr(args, "costs", None)
+    if costs is None and recipe is not None and not get_strategy(args.strategy).neuron_level:
+        costs = _model_costs(args)
     rep = report(plan, recipe, param_bytes=MASTER_BYTES[args.dtype],
                  optimizer_states=args.optimizer_states,
-                 masking=get_strategy(args.strategy).cost_masking)
-    print(json.dumps(rep) if args.json else format_table(rep))
+                 masking=get_strategy(args.strategy).cost_masking, costs=costs)
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        print(format_table(rep) + ("\n" + format_costs(rep) if costs is not None else ""))
     return 0

@@ -17,6 +17,7 @@ from subnetdp.commands.options import (
     add_neuron_arguments,
     add_plan_file_argument,
     add_recipe_argument,
+    add_scheme_arguments,
     add_strategy_argument,
 )
 from subnetdp.strategy import OUTPUT_SCALINGS, REDUCE_DTYPES
@@ -33,7 +34,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coverage", type=float, default=d.coverage,
                    help="fraction of units (blocks for b-sdp, neuron groups of every layer "
                         "for n-sdp) each worker holds")
-    p.add_argument("--scheme", default=d.scheme, choices=("spread", "random"))
+    add_scheme_arguments(p, default=d.scheme)
     add_neuron_arguments(p)
     p.add_argument("--output-scaling", default=d.output_scaling, choices=OUTPUT_SCALINGS,
                    help="n-sdp: scale kept hidden units by 1/keep-rate while training "

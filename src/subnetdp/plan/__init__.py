@@ -1,9 +1,11 @@
 """Plans: which worker holds which unit, and what that costs. Pure data and maths (no torch).
 
-``make_plan`` builds a plan from a scheme, ``explicit_plan`` from a user matrix; ``diagnostics``
-scores it (coverage, mask error, spectral gap, connectivity) and ``worker_bytes`` prices it.
+``make_plan`` builds a plan from a scheme (spread, random, cost-balanced), ``explicit_plan``
+from a user matrix; ``diagnostics`` scores it (coverage, mask error, spectral gap,
+connectivity) and ``worker_bytes`` prices it.
 """
 
+from subnetdp.plan.balance import balanced_matrix, max_ratio
 from subnetdp.plan.cost import WorkerBytes, worker_bytes
 from subnetdp.plan.diagnostics import (
     diagnostics,
@@ -31,6 +33,7 @@ __all__ = [
     "PlanError",
     "Unit",
     "WorkerBytes",
+    "balanced_matrix",
     "can_connect",
     "connected_components",
     "diagnostics",
@@ -39,6 +42,7 @@ __all__ = [
     "make_layered_plan",
     "make_plan",
     "mask_error",
+    "max_ratio",
     "min_units_per_worker",
     "mixing_matrix",
     "naive_window",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FORMAT_VERSION = 1
-SCHEMES = ("spread", "random", "explicit")
+SCHEMES = ("spread", "random", "balanced", "explicit")
 
 
 class PlanError(ValueError):

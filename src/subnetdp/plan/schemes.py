@@ -8,7 +8,9 @@ Two facts shape the schemes (N workers, U units, k units per worker):
   joins, while N workers need N - 1 of them. (N = 1 is trivially connected.)
 
 ``spread`` (the default) is connected exactly when that bound allows it; see ``spread_matrix``.
-``random`` always returns a connected plan, or refuses.
+``random`` always returns a connected plan, or refuses. ``balanced`` (``plan/balance.py``) holds
+about the same share of the units' *cost* on every rank; see ``make_plan`` for how it is kept
+never worse than spread and its spectral gap bounded below.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from subnetdp.plan.balance import balanced_matrix, max_ratio
+from subnetdp.plan.diagnostics import spectral_gap
 from subnetdp.plan.plan import Plan, PlanError, Unit, connected_components
 
 Matrix = tuple[tuple[bool, ...], ...]
@@ -25,6 +29,9 @@ Matrix = tuple[tuple[bool, ...], ...]
 # The random scheme retries with the same generator this many times before falling back to a
 # randomly relabelled spread window (which is connected whenever any plan can be).
 RANDOM_TRIES = 200
+# The balanced scheme's spectral gap is kept >= GAP_FLOOR x the spread plan's at the same
+# (mean) coverage: a cost-balanced plan may give heavy units fewer holders, which mixes less.
+GAP_FLOOR = 0.5
 
 
 def units_for_coverage(coverage: float, num_units: int) -> int:
@@ -152,39 +159,51 @@ def make_plan(
     scheme: str = "spread",
     seed: int = 0,
     shared_size: int = 0,
+    costs: Sequence[float] | None = None,
+    capacities: Sequence[float] | None = None,
+    min_holders: int = 1,
 ) -> Plan:
     """Build a plan where each of ``world`` workers holds k = round(coverage·U) units.
 
     ``units`` is a count (that many units of size 1 named ``unit{i}``) or the model's units with
     their sizes. See ``units_for_coverage`` for the rounding. ``coverage == 1`` gives every worker
-    every unit (DDP). ``seed`` only matters for ``scheme="random"``.
+    every unit (DDP). ``seed`` only matters for ``scheme="random"`` and ``"balanced"``.
+
+    ``balanced`` balances ``costs`` (one per unit; default: the units' sizes) so that every rank
+    holds about ``coverage`` of the total, or ``capacities[i]`` of it on rank i (heterogeneous
+    workers). Every unit keeps >= ``min_holders`` holders (checked for every scheme).
     """
-    if isinstance(units, bool):
-        raise PlanError("units must be a count or a list of Unit, got a bool")
-    if isinstance(units, int):
-        if units < 1:
-            raise PlanError(f"a plan needs at least one unit, got units={units}")
-        unit_list = tuple(Unit(f"unit{i}", 1) for i in range(units))
-    else:
-        unit_list = tuple(units)
-        if not unit_list:
-            raise PlanError("a plan needs at least one unit; the model declares none")
+    unit_list = _unit_list(units)
     if isinstance(coverage, bool) or not (0.0 < float(coverage) <= 1.0):
         raise PlanError(
             f"coverage must be in (0, 1] (the fraction of units each worker holds), got {coverage}"
         )
     if world < 1:
         raise PlanError(f"world must be >= 1 worker, got {world}")
+    if capacities is not None and scheme != "balanced":
+        raise PlanError("per-rank capacities need --scheme balanced (spread and random give "
+                        "every worker the same number of units)")
     num_units = len(unit_list)
     k = num_units if coverage >= 1.0 else units_for_coverage(coverage, num_units)
+    plan_coverage: float | None = float(coverage)
     if scheme == "spread":
         matrix = spread_matrix(world, num_units, k)
     elif scheme == "random":
         matrix = random_matrix(world, num_units, k, np.random.default_rng(seed))
+    elif scheme == "balanced":
+        weights = [float(c) for c in costs] if costs is not None else \
+            [float(u.size) for u in unit_list]
+        if len(weights) != num_units:
+            raise PlanError(f"{len(weights)} unit costs for {num_units} units")
+        caps = [float(coverage)] * world if capacities is None else [float(c) for c in capacities]
+        if len(set(caps)) > 1:
+            plan_coverage = None  # per-rank capacities: no single coverage
+        matrix, scheme = _balanced(world, unit_list, shared_size, weights, caps, min_holders,
+                                   seed)
     else:
         raise PlanError(
-            f"unknown scheme {scheme!r}; use 'spread' or 'random' (or explicit_plan / --explicit "
-            "FILE for a hand-written matrix)"
+            f"unknown scheme {scheme!r}; use 'spread', 'random' or 'balanced' (or explicit_plan "
+            "/ --plan-file FILE for a hand-written matrix)"
         )
     plan = Plan(
         world=world,
@@ -192,11 +211,76 @@ def make_plan(
         shared_size=shared_size,
         matrix=matrix,
         scheme=scheme,
-        coverage=float(coverage),
+        coverage=plan_coverage,
         seed=seed,
     )
     plan.validate()
+    _check_min_holders(plan, min_holders)
     return plan
+
+
+def _unit_list(units: int | Sequence[Unit]) -> tuple[Unit, ...]:
+    if isinstance(units, bool):
+        raise PlanError("units must be a count or a list of Unit, got a bool")
+    if isinstance(units, int):
+        if units < 1:
+            raise PlanError(f"a plan needs at least one unit, got units={units}")
+        return tuple(Unit(f"unit{i}", 1) for i in range(units))
+    if not units:
+        raise PlanError("a plan needs at least one unit; the model declares none")
+    return tuple(units)
+
+
+def _check_min_holders(plan: Plan, min_holders: int) -> None:
+    few = [u for u, c in enumerate(plan.holder_counts()) if c < min_holders]
+    if few:
+        raise PlanError(
+            f"{len(few)} unit(s) have fewer than --min-holders {min_holders} holders under "
+            f"scheme {plan.scheme}; raise the coverage or use --scheme balanced")
+
+
+def _balanced(
+    world: int, units: tuple[Unit, ...], shared_size: int, weights: list[float],
+    caps: list[float], min_holders: int, seed: int,
+) -> tuple[Matrix, str]:
+    """The balanced matrix, or spread's when balanced would not be strictly better.
+
+    Candidates, first acceptable wins: the full scheme, the full scheme with a gap-aware local
+    search, and its greedy phases alone (``balance.py``). With equal
+    capacities the spread plan at the same coverage is the reference: a candidate must lower
+    the largest per-rank cost strictly, stay connected and keep its spectral gap >=
+    GAP_FLOOR x spread's, or spread is returned (and named: scheme "spread"). With unequal
+    capacities there is no spread plan to fall back to: the reference gap is spread's at the
+    mean capacity, and a plan that cannot meet the floor is refused.
+    """
+    num_units = len(units)
+
+    def gap(m: Matrix) -> float:
+        return spectral_gap(Plan(world=world, units=units, shared_size=shared_size, matrix=m))
+
+    mean = sum(caps) / world
+    k = num_units if mean >= 1.0 else units_for_coverage(mean, num_units)
+    spread = spread_matrix(world, num_units, k) if k * world >= num_units else None
+    if spread is not None and min(sum(col) for col in zip(*spread, strict=True)) < min_holders:
+        spread = None
+    homogeneous = len(set(caps)) == 1
+    ref_gap = gap(spread) if spread is not None else 0.0
+    # fast search first; then one that refuses moves below the gap floor; then greedy alone
+    for local_search, watch_gap in ((True, False), (True, True), (False, False)):
+        m = balanced_matrix(weights, world=world, capacities=caps, min_holders=min_holders,
+                            seed=seed, local_search=local_search,
+                            gap=gap if watch_gap else None, min_gap=GAP_FLOOR * ref_gap)
+        if len(connected_components(m)) > 1 or gap(m) < GAP_FLOOR * ref_gap:
+            continue
+        if not (homogeneous and spread is not None) or \
+                max_ratio(m, weights, caps) < max_ratio(spread, weights, caps) - 1e-9:
+            return m, "balanced"
+    if homogeneous and spread is not None:
+        return spread, "spread"
+    raise PlanError(
+        f"no balanced plan for these per-rank capacities keeps the worker graph connected with "
+        f"a spectral gap >= {GAP_FLOOR} x spread's ({ref_gap:.3g}); raise the smallest "
+        "capacities (budgets) or --min-holders")
 
 
 def make_layered_plan(

@@ -26,10 +26,16 @@ def build_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -
         plan = Plan.from_json(Path(cfg.plan_file).read_text())
         plan.validate(world)
         return plan
+    costs = None
+    if cfg.scheme == "balanced" and cfg.balance != "params":  # params: the units' sizes
+        from subnetdp.subnet.costs import recipe_costs
+
+        costs = recipe_costs(recipe, batch=cfg.batch_size, seq=cfg.seq_len,
+                             model_args=cfg.model_args).weights(cfg.balance)
     return plan_for(model, recipe.adapter, get_strategy(cfg.strategy), world=world,
                     coverage=cfg.coverage, scheme=cfg.scheme, seed=cfg.seed,
                     neuron_groups=cfg.neuron_groups, neuron_kinds=cfg.neuron_kinds,
-                    rotate=cfg.rotate)
+                    rotate=cfg.rotate, costs=costs, min_holders=cfg.min_holders)
 
 
 def build_rank(

@@ -14,7 +14,11 @@ class TrainConfig:
     recipe: str = "llama-tiny"
     strategy: str = "b-sdp"
     coverage: float = 0.5
-    scheme: str = "spread"
+    scheme: str = "spread"  # spread | random | balanced (plan/balance.py)
+    # balanced: what to balance (subnet.costs.OBJECTIVES: params, flops, memory; the last two
+    # measured at the run's batch); every unit keeps >= min_holders holders (any scheme)
+    balance: str = "params"
+    min_holders: int = 1
     plan_file: str | None = None  # a plan JSON (e.g. from `subnetdp plan --json`) instead
     # n-sdp: groups per layer pair (None = neurons.default_groups: the world size or a multiple
     # of it), which pair kinds to split (None = all the model declares, e.g. "ffn,heads"),
@@ -111,6 +115,10 @@ class TrainConfig:
         self.composition().check(strategy)
         if self.plan_file is not None and not strategy.is_sdp:
             bad("--plan-file needs an SDP strategy (ddp holds the whole model); drop it")
+        if self.balance not in ("params", "flops", "memory"):
+            bad(f"--balance must be params, flops or memory, got {self.balance!r}")
+        if self.min_holders < 1:
+            bad(f"--min-holders must be >= 1, got {self.min_holders}")
         if self.neuron_groups is not None and self.neuron_groups < 1:
             bad(f"--neuron-groups must be >= 1, got {self.neuron_groups}")
         if not 0.0 < self.coverage <= 1.0:

@@ -97,6 +97,17 @@ def swin_config(flavour: str, **overrides: object) -> SwinConfig:
     return dataclasses.replace(SWIN_FLAVOURS[flavour], **overrides)  # type: ignore[arg-type]
 
 
+def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
+    """``nn.init.trunc_normal_(t, std=std)`` (bounds ±2) without its rejection loop.
+
+    torch 2.13's version draws ``normal_`` once and redraws while any value is out of bounds;
+    that ``any()`` needs real data, which fake tensors (the memory estimator) do not have. At
+    std 0.02 the bounds are 100 std away, so the loop never redraws: one ``normal_`` and a
+    clamp give the same values from the same generator state."""
+    with torch.no_grad():  # as nn.init: parameters are initialised in place
+        return t.normal_(0.0, std).clamp_(-2.0, 2.0)
+
+
 def window_partition(x: torch.Tensor, w: int) -> torch.Tensor:
     """``[B, H, W, C]`` -> ``[B * nW, w * w, C]``, windows in row-major order per image."""
     b, h, wd, c = x.shape
@@ -144,7 +155,7 @@ class WindowAttention(nn.Module):
     def reset_parameters(self) -> None:
         """The bias table (truncated normal, std 0.02, as Swin) and the index buffer; the
         q/k/v/proj ``Linear`` children are initialised on their own."""
-        nn.init.trunc_normal_(self.relative_bias, std=0.02)
+        trunc_normal_(self.relative_bias, std=0.02)
         w, dev = self.window, self.relative_index.device
         coords = torch.stack(torch.meshgrid(torch.arange(w, device=dev),
                                             torch.arange(w, device=dev), indexing="ij"))
@@ -281,7 +292,7 @@ def init_swin_module(name: str, module: nn.Module) -> None:
     del name
     with torch.no_grad():
         if isinstance(module, nn.Linear):
-            nn.init.trunc_normal_(module.weight, std=0.02)
+            trunc_normal_(module.weight, std=0.02)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif callable(reset := getattr(module, "reset_parameters", None)):
