@@ -145,9 +145,6 @@ class Composition:
             raise ValueError("ddp_bucket_view=False is torch DDP's default buckets, a ddp "
                              "baseline only")
 
-    def output_scaling_for(self, strategy: Strategy) -> str:
-        return self.output_scaling or strategy.default_output_scaling
-
     def replace(self, **changes: object) -> Composition:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 

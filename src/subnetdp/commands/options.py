@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from subnetdp.strategy import BASELINES, DTYPES, NAMES, SDP_NAMES, parse_label
+from subnetdp.strategy import BASELINES, DTYPES, NAMES, SDP_NAMES, STRATEGIES, parse_label
 
 # argparse's common base of parsers, argument groups and mutually exclusive groups
 Container = argparse._ActionsContainer
@@ -48,8 +48,10 @@ def add_strategy_argument(p: Container, *, default: str, sdp_only: bool = False,
                        help=f"{', '.join((*BASELINES, *SDP_NAMES))}, or an SDP strategy with "
                             f"+fsdp/+ac {default_help}")
     else:
-        p.add_argument("--strategy", default=default, choices=SDP_NAMES if sdp_only else NAMES,
-                       help=f"{note} {default_help}" if note else default_help)
+        names = SDP_NAMES if sdp_only else NAMES
+        what = "; ".join(f"{n}: {STRATEGIES[n].help}" for n in names)
+        p.add_argument("--strategy", default=default, choices=names,
+                       help=f"{note + '. ' if note else ''}{what} {default_help}")
 
 
 def add_composition_arguments(p: Container) -> None:

@@ -206,10 +206,6 @@ class SubnetDataParallel(nn.Module):
         return self.backend.stats
 
     @property
-    def stats(self) -> CommStats:
-        return self.backend.stats
-
-    @property
     def params_held(self) -> int:
         """Parameter elements this rank stores (under backward masking: the full model; under
         fsdp: its shards)."""
@@ -256,13 +252,13 @@ class SubnetDataParallel(nn.Module):
         if refresher is None:
             return 0
         sent = refresher.refresh()
-        self.stats.last_refresh_bytes = sent
-        self.stats.total_refresh_bytes += sent
-        self._refreshed_through = self.stats.reductions
+        self.comm_stats.last_refresh_bytes = sent
+        self.comm_stats.total_refresh_bytes += sent
+        self._refreshed_through = self.comm_stats.reductions
         return sent
 
     def _maybe_refresh(self) -> None:
-        n = self.stats.reductions
+        n = self.comm_stats.reductions
         if n > self._refreshed_through and n % self.refresh_every == 0:
             self.refresh()
 
