@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         label, fields = _parse_variant(text)
         base = {"recipe": args.recipe, "coverage": args.coverage, "nproc": args.nproc,
                 "steps": args.steps, "seed": args.seed, "progress": False,
-                "out": str(Path(args.runs) / args.recipe / label)}
+                "out": str(Path(args.runs) / args.recipe / label), "overwrite": True}
         cfg = TrainConfig(**(base | fields))
         done = Path(cfg.out) / "summary.json"
         if args.reuse and done.exists():

@@ -25,11 +25,19 @@ from subnetdp.train.ckpt_io import (
     read_manifest,
     resolve_checkpoint,
     split_piece,
-    write_json_durable,
+    write_manifest,
     write_shard,
 )
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.resume import resume_config, truncate_metrics
+
+# The entries every manifest has (Checkpointer._manifest), with neutral values.
+_MINIMAL: dict[str, object] = {
+    "format": FORMAT, "version": VERSION, "strategy": "b-sdp", "time": 0.0, "plan": {},
+    "recipe": "toy", "model_overrides": {}, "model_state": [], "config": {},
+    "optimizer": {"class": "AdamW", "like_states": [], "scalar_states": [], "param_groups": [],
+                  "scheduler": {}},
+}
 
 
 def _checkpoint(root: Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
@@ -39,8 +47,8 @@ def _checkpoint(root: Path, step: int, tensors: dict[str, dict[str, torch.Tensor
     staging.mkdir(parents=True)
     files = {name: write_shard(staging / name, t, {"format": FORMAT})
              for name, t in tensors.items()}
-    write_json_durable(staging / MANIFEST, {"format": FORMAT, "version": VERSION, "step": step,
-                                            "files": files, **extra})
+    write_manifest(staging, {**_MINIMAL, "world": max(len(files), 1), "step": step,
+                             "files": files, **extra})
     final = root / f"step_{step:08d}"
     publish(staging, final)
     return final
@@ -133,7 +141,8 @@ def test_compatibility_messages(tmp_path: Path) -> None:
 
 def test_resume_config_keeps_the_runs_own(tmp_path: Path) -> None:
     saved = TrainConfig(steps=10, nproc=2, lr=1e-3, out="old/place").to_dict()
-    ckpt = _checkpoint(tmp_path / "run" / "checkpoints", 4, {}, world=2, config=saved)
+    shards: dict[str, dict[str, torch.Tensor]] = {f"rank0000{r}.safetensors": {} for r in (0, 1)}
+    ckpt = _checkpoint(tmp_path / "run" / "checkpoints", 4, shards, config=saved)
     cfg = resume_config(str(tmp_path / "run"), {"steps": 20, "lr": 1e-3}, {"steps", "lr"})
     assert cfg.steps == 20 and cfg.lr == 1e-3 and cfg.nproc == 2
     assert cfg.out == str(tmp_path / "run") and cfg.resume == str(ckpt)

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"== {name}: {args.recipe}, {args.nproc} CPU workers, {n} steps ==", flush=True)
         cfg = TrainConfig(recipe=args.recipe, strategy=strategy, coverage=args.coverage,
                           nproc=args.nproc, steps=n, progress=args.progress, device="cpu",
-                          out=str(Path(args.out) / strategy))
+                          out=str(Path(args.out) / strategy), overwrite=True)
         summaries[strategy] = run_training(cfg)
         print(format_summary(summaries[strategy]), flush=True)
     print("\n" + matching_note(steps, args.coverage, args.match))

@@ -85,6 +85,15 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, default=d.max_restarts,
                    help="restart the worker group this many times after a failure; it "
                         "resumes from the newest checkpoint")
+    p.add_argument("--overwrite", action="store_true", default=None,
+                   help="a new run into an --out holding an earlier run: delete that run's "
+                        "files first (without it, such an --out is refused)")
+    p.add_argument("--reshard", action="store_true", default=None,
+                   help="with --resume: load the checkpoint into a different --nproc, "
+                        "--coverage or plan (values exact; data order changes: README)")
+    p.add_argument("--min-nproc", type=int, default=None, metavar="N",
+                   help="elastic shrink: after a worker is lost for good (restarts used up), "
+                        "go on with one worker fewer, down to N, from the newest checkpoint")
 
 
 def add_parser(subparsers: Any) -> None:

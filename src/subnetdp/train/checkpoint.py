@@ -14,30 +14,45 @@ exactly (float32 in, float32 out), ``step`` counters and the LR schedule's posit
 each rank gets its RNG states back. The loop then asks for batch ``step`` of each rank, the one
 the uninterrupted run would have drawn. Steps between the last checkpoint and a crash are
 *replayed* (recomputed, with the same result): their metrics lines are dropped and written again.
+A checkpoint of another world size or plan is loaded with ``reshard`` ([Note: resharded resume]
+in ``reshard``): the same values, not the same continuation.
+
+[Note: failed checkpoint writes]
+A write that fails on any rank (full disk, read-only or vanished folder) fails on every rank
+alike: rank 0 deletes the staging folder, so nothing half-written stays behind, and everyone
+raises ``CheckpointWriteError`` naming the newest intact checkpoint. Rank 0 also leaves a token
+in the staging folder that every rank must read back before writing: a rank that does not see
+it is on another machine with its own ``--out`` (node-local disk), which is named as such
+instead of failing later in safetensors.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import secrets
 import shutil
+import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from safetensors import SafetensorError
 
 from subnetdp.plan import Plan
 from subnetdp.runtime.rank import RankModel
 from subnetdp.train.ckpt_io import (
     FORMAT,
-    MANIFEST,
     VERSION,
     CheckpointError,
     ShardReader,
     checkpoints_root,
+    list_checkpoints,
     prune,
     publish,
     read_manifest,
@@ -46,12 +61,21 @@ from subnetdp.train.ckpt_io import (
     staging_dir,
     step_dir,
     verify_files,
-    write_json_durable,
+    write_manifest,
     write_shard,
 )
 from subnetdp.train.config import TrainConfig
+from subnetdp.train.reshard import PieceReader, model_shapes, reseed
 
-__all__ = ["CheckpointError", "Checkpointer", "check_compatible", "run_info"]
+__all__ = ["CheckpointError", "CheckpointWriteError", "Checkpointer", "check_compatible",
+           "run_info"]
+
+_TOKEN = ".shared-folder-token"  # [Note: failed checkpoint writes]
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written; its staging folder is gone and the message names the
+    newest intact checkpoint."""
 
 
 class Checkpointer:
@@ -74,30 +98,69 @@ class Checkpointer:
         return every > 0 and (done % every == 0 or done == self.cfg.steps)
 
     def save(self, done: int) -> Path:
-        """Write the checkpoint of step ``done`` (steps completed); returns its folder."""
+        """Write the checkpoint of step ``done`` (steps completed); returns its folder.
+        A failure on any rank raises ``CheckpointWriteError`` on all
+        ([Note: failed checkpoint writes])."""
         self.model.sync_buffers()  # BatchNorm statistics: holders agree before saving
         tensors = {f"model/{k}": v for k, v in self.shards.shard_state().items()}
         optim, like, scalar = _optimizer_pieces(self.opt, self.opt_params, self.local,
                                                 self.shards)
         rng, rng_meta = _capture_rng()
-        staging = staging_dir(self.root, done)
-        if self.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed attempt
-            staging.mkdir(parents=True)
-        dist.barrier()
-        entry = write_shard(staging / shard_name(self.rank), {**tensors, **optim, **rng},
-                            {"format": FORMAT, "rank": str(self.rank), **rng_meta})
-        entries: list[Any] | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object((shard_name(self.rank), entry), entries, dst=0)
-        final = step_dir(self.root, done)
-        if self.rank == 0:
-            assert entries is not None
-            write_json_durable(staging / MANIFEST, self._manifest(done, dict(entries), like,
-                                                                  scalar))
+        staging, final = staging_dir(self.root, done), step_dir(self.root, done)
+        token = self._on_rank0(lambda: _open_staging(staging), final)
+        error, entry = "", None
+        try:
+            if token != _read_token(staging):
+                error = (f"rank {self.rank} on {socket.gethostname()} does not see the folder "
+                         f"{staging} that rank 0 created: the run folder must be one folder "
+                         "that every rank shares (a node-local --out is not); put --out on a "
+                         "shared filesystem")
+            else:
+                entry = write_shard(staging / shard_name(self.rank),
+                                    {**tensors, **optim, **rng},
+                                    {"format": FORMAT, "rank": str(self.rank), **rng_meta})
+        except (OSError, SafetensorError) as e:
+            error = f"rank {self.rank} could not write its file: {e}"
+        entries: list[Any] = [None] * self.world
+        dist.all_gather_object(entries, error or (shard_name(self.rank), entry))
+        failed = next((e for e in entries if isinstance(e, str)), None)
+        if failed is not None:
+            self._fail(final, failed)
+
+        def finish() -> str:
+            (staging / _TOKEN).unlink()
+            write_manifest(staging, self._manifest(done, dict(entries), like, scalar))
             publish(staging, final)
             prune(self.root, self.cfg.ckpt_keep)
-        dist.barrier()
+            return ""
+
+        self._on_rank0(finish, final)
         return final
+
+    def _on_rank0(self, action: Callable[[], str], final: Path) -> str:
+        """``action()`` on rank 0, its result broadcast; an ``OSError`` there fails all."""
+        box: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                box[0] = ("", action())
+            except OSError as e:
+                box[0] = (f"rank 0 could not write it: {e}", "")
+        dist.broadcast_object_list(box, src=0)
+        error, value = box[0]
+        if error:
+            self._fail(final, error)
+        return str(value)
+
+    def _fail(self, final: Path, reason: str) -> NoReturn:
+        if self.rank == 0:
+            shutil.rmtree(staging_dir(self.root, int(final.name[5:])), ignore_errors=True)
+        found = list_checkpoints(self.root)
+        kept = (f"the newest intact checkpoint is {found[-1]}" if found else
+                "no earlier checkpoint exists")
+        raise CheckpointWriteError(
+            f"writing checkpoint {final} failed ({reason}); its staging folder was removed and "
+            f"{kept}; free space or fix the folder, then resume with --resume "
+            f"{self.root.parent}")
 
     def _manifest(self, done: int, files: dict[str, Any], like: list[str],
                   scalar: list[str]) -> dict[str, Any]:
@@ -112,27 +175,58 @@ class Checkpointer:
             "files": files,
         }
 
-    def restore(self, ckpt: Path) -> int:
+    def restore(self, ckpt: Path, *, reshard: bool = False) -> int:
         """Load checkpoint ``ckpt`` into this rank's model, optimizer, schedule and RNG; return
-        the number of steps it had completed (the next step to run)."""
+        the number of steps it had completed (the next step to run). With ``reshard`` the
+        checkpoint may come from another world size or plan ([Note: resharded resume]); an
+        elastic restart into a different world size reshards by itself."""
         manifest = read_manifest(ckpt)
+        reshard = reshard or self.cfg.reshard or _restarted_into_another_world(manifest,
+                                                                               self.world)
         check_compatible(manifest, ckpt, world=self.world, strategy=self.cfg.strategy,
-                         plan=self.plan, model_state=self.info["model_state"])
+                         plan=self.plan, model_state=self.info["model_state"], reshard=reshard)
         _verify_together(ckpt, manifest, self.rank, self.world)
         files = sorted(manifest["files"])
+        shapes = model_shapes(manifest)
         try:
-            self.shards.load_shard_state(ShardReader(ckpt, files, "model/"))
+            self.shards.load_shard_state(PieceReader(ckpt, files, "model/", shapes))
             _load_optimizer(self.opt, self.opt_params, self.local, self.shards, ckpt, files,
-                            manifest["optimizer"])
+                            manifest["optimizer"], shapes)
         except KeyError as e:
             raise CheckpointError(f"{ckpt}: {e.args[0]}") from e
         opt_info = manifest["optimizer"]
         self.sched.load_state_dict(opt_info["scheduler"])
         for group, saved in zip(self.opt.param_groups, opt_info["param_groups"], strict=True):
             group.update(saved)
-        own = ShardReader(ckpt, [shard_name(self.rank)], "rng/")
-        _restore_rng(own, own.metadata(shard_name(self.rank)))
-        return int(manifest["step"])
+        step = int(manifest["step"])
+        if reshard:
+            reseed(self.cfg.seed, step, self.rank)
+        else:
+            own = ShardReader(ckpt, [shard_name(self.rank)], "rng/")
+            _restore_rng(own, own.metadata(shard_name(self.rank)))
+        return step
+
+
+def _restarted_into_another_world(manifest: dict[str, Any], world: int) -> bool:
+    """torch elastic restarted this group (``--nnodes MIN:MAX``) with another world size."""
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    return restarted and manifest["world"] != world
+
+
+def _open_staging(staging: Path) -> str:
+    """A fresh staging folder with a new token in it (rank 0); returns the token."""
+    shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed attempt
+    staging.mkdir(parents=True)
+    token = secrets.token_hex(16)
+    (staging / _TOKEN).write_text(token)
+    return token
+
+
+def _read_token(staging: Path) -> str | None:
+    try:
+        return (staging / _TOKEN).read_text()
+    except OSError:
+        return None
 
 
 # -- optimizer state --------------------------------------------------------------------------
@@ -195,11 +289,11 @@ def _optimizer_pieces(
 
 def _load_optimizer(opt: torch.optim.Optimizer, params: list[OptParam],
                     local: dict[str, torch.Tensor], shards: Any, ckpt: Path, files: list[str],
-                    info: dict[str, Any]) -> None:
+                    info: dict[str, Any], shapes: dict[str, list[int]]) -> None:
     """Recreate the optimizer's per-parameter state (a fresh optimizer has none yet)."""
     for k in info["like_states"]:
         into = {key: torch.empty_like(local[key]) for _, key, _ in params}
-        shards.load_shard_state(ShardReader(ckpt, files, f"optim/{k}/"), into=into)
+        shards.load_shard_state(PieceReader(ckpt, files, f"optim/{k}/", shapes), into=into)
         for p, key, where in params:
             opt.state[p][k] = _region(into[key], where, p).clone()
     for k in info["scalar_states"]:
@@ -241,21 +335,24 @@ def _jsonable(obj: Any) -> Any:
 
 # -- compatibility and verification -----------------------------------------------------------
 def check_compatible(manifest: dict[str, Any], ckpt: Path, *, world: int, strategy: str,
-                     plan: Plan | None, model_state: list[Any] | None) -> None:
-    """Refuse a checkpoint written for another world size, strategy, plan or model."""
-    if manifest["world"] != world:
+                     plan: Plan | None, model_state: list[Any] | None,
+                     reshard: bool = False) -> None:
+    """Refuse a checkpoint written for another world size, strategy, plan or model (with
+    ``reshard``, another world size or plan is fine)."""
+    if manifest["world"] != world and not reshard:
         raise CheckpointError(
             f"the checkpoint {ckpt} was written by {manifest['world']} workers but this run has "
             f"{world}; its plan assigns units to exactly {manifest['world']} workers, so resume "
-            f"with --nproc {manifest['world']} (re-planning for another world size is not "
-            "supported)")
+            f"with --nproc {manifest['world']}, or add --reshard to re-plan it for {world}")
     if manifest["strategy"] != strategy:
         raise CheckpointError(f"the checkpoint {ckpt} is from a {manifest['strategy']!r} run, "
                               f"not {strategy!r}; resume with --strategy {manifest['strategy']}")
-    if plan is not None and _normalised(plan.to_dict()) != _normalised(manifest["plan"]):
+    if (plan is not None and not reshard
+            and _normalised(plan.to_dict()) != _normalised(manifest["plan"])):
         raise CheckpointError(
             f"the checkpoint {ckpt} was written under a different plan than this run's; resume "
-            "with the run's own plan (same --coverage/--scheme/--seed/--plan-file)")
+            "with the run's own plan (same --coverage/--scheme/--seed/--plan-file), or add "
+            "--reshard to load it into this run's plan")
     if model_state is not None and _normalised(model_state) != manifest["model_state"]:
         raise CheckpointError(
             f"the checkpoint {ckpt} holds a different model (other entries or shapes) than this "

@@ -19,15 +19,25 @@ Ranks write into a staging folder ``.step_<N>.partial``; each file is fsynced; r
 writes the manifest (with every file's size and sha256), fsyncs the folder and renames it to
 ``step_<N>``. A checkpoint without a manifest does not exist for readers, so a crash at any
 moment leaves the previous checkpoints intact and never exposes half a checkpoint.
+
+[Note: self-verifying manifests]
+A manifest carries the sha256 of its own canonical JSON (``checksum``), so one flipped bit in it
+(``"step": 20`` -> ``10``) is refused instead of resuming at the wrong data position. Every read
+also checks its schema (types, known config keys), that its step is the folder's step, that its
+files are exactly ``rank00000.safetensors`` ... for its world, and that each resolves to a plain
+file inside the folder: a manifest naming ``../x`` or ``/etc/x``, or a shard that is a symlink out
+of the folder, is refused before any tensor is read (``export``, ``eval``, ``--resume``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,9 +47,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 FORMAT = "subnetdp-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the manifest's own checksum ([Note: self-verifying manifests])
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+_SHARD = re.compile(r"^rank(\d{5})\.safetensors$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_STAGING = re.compile(r"^\.step_(\d{8})\.partial$")
 _SLICE = re.compile(r"^(?P<key>.+)@(?P<dim>\d+):(?P<start>\d+):(?P<stop>\d+)$")
 
 
@@ -72,6 +85,22 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
+def newest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root``, printing a one-line notice for each newer
+    step folder that is skipped because it has no manifest (a write that never finished)."""
+    found = list_checkpoints(root)
+    if not found:
+        return None
+    newest = found[-1]
+    skipped = sorted(p.name for p in root.iterdir()
+                     if (m := _STEP_DIR.match(p.name) or _STAGING.match(p.name))
+                     and int(m[1]) > int(newest.name[5:]) and not (p / MANIFEST).is_file())
+    for name in skipped:
+        print(f"notice: skipping {root / name}: it has no {MANIFEST} (its write never finished);"
+              f" using {newest}", file=sys.stderr)
+    return newest
+
+
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     """A checkpoint folder from a run folder (its latest checkpoint), a ``checkpoints`` folder
     or a ``step_<N>`` folder. Raises ``CheckpointError`` saying what was found instead."""
@@ -85,9 +114,9 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
         raise CheckpointError(f"{p} has no {MANIFEST}: the checkpoint was never completed "
                               "(the run stopped while writing it); use an earlier one")
     for root in (checkpoints_root(p), p):
-        found = list_checkpoints(root)
-        if found:
-            return found[-1]
+        newest = newest_checkpoint(root) if root.is_dir() else None
+        if newest is not None:
+            return newest
     raise CheckpointError(f"{p} holds no complete checkpoint; train with --ckpt-every N to "
                           "write checkpoints")
 
@@ -131,6 +160,24 @@ def write_json_durable(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON, its own ``checksum`` entry left out."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_manifest(ckpt: Path, manifest: dict[str, Any]) -> None:
+    """The manifest, sealed with its checksum, written durably into ``ckpt``."""
+    body = _normalise_json({k: v for k, v in manifest.items() if k != "checksum"})
+    write_json_durable(ckpt / MANIFEST, {**body, "checksum": manifest_checksum(body)})
+
+
+def _normalise_json(obj: Any) -> Any:
+    """``obj`` as it reads back from JSON (tuples -> lists), so the checksum is of what is read."""
+    return json.loads(json.dumps(obj))
+
+
 def publish(staging: Path, final: Path) -> None:
     """Rename a finished staging folder to its final name (see [Note: atomic checkpoints]).
 
@@ -166,6 +213,7 @@ def prune(root: Path, keep: int) -> list[Path]:
 
 # -- reading ----------------------------------------------------------------------------------
 def read_manifest(ckpt: Path) -> dict[str, Any]:
+    """The manifest of checkpoint folder ``ckpt``, verified ([Note: self-verifying manifests])."""
     path = ckpt / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -179,7 +227,76 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
     if manifest.get("version") != VERSION:
         raise CheckpointError(f"{path} has format version {manifest.get('version')}; this "
                               f"subnetdp reads version {VERSION}")
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise CheckpointError(f"{path} does not match its own checksum: it was damaged or "
+                              "edited; use an earlier checkpoint (nothing was read)")
+    _check_schema(manifest, path)
+    folder = _STEP_DIR.match(ckpt.name)
+    if folder is not None and int(folder[1]) != manifest["step"]:
+        raise CheckpointError(f"{path} says step {manifest['step']} but lies in {ckpt.name}: "
+                              "the checkpoint was moved or edited; use an earlier checkpoint")
+    check_file_names(ckpt, manifest)
     return manifest
+
+
+# Manifest entries and their JSON types (bool is not an int here).
+_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "format": str, "version": int, "checksum": str, "step": int, "world": int, "strategy": str,
+    "time": (int, float), "plan": dict, "recipe": str, "model_overrides": dict,
+    "model_state": list, "config": dict, "optimizer": dict, "files": dict,
+}
+_OPTIMIZER_SCHEMA: dict[str, type] = {"class": str, "like_states": list, "scalar_states": list,
+                                      "param_groups": list, "scheduler": dict}
+
+
+def _check_schema(manifest: dict[str, Any], path: Path) -> None:
+    from subnetdp.train.config import TrainConfig  # a dataclass; no torch.distributed
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path} is not a valid manifest ({what}); use an earlier "
+                               "checkpoint")
+
+    def typed(d: dict[str, Any], schema: dict[str, Any], where: str) -> None:
+        for key, kind in schema.items():
+            if key not in d:
+                raise bad(f"no {where}{key!r}")
+            if isinstance(d[key], bool) or not isinstance(d[key], kind):
+                raise bad(f"{where}{key!r} is a {type(d[key]).__name__}")
+
+    typed(manifest, _SCHEMA, "")
+    extra = sorted(set(manifest) - set(_SCHEMA))
+    if extra:
+        raise bad(f"unknown entries {extra}")
+    if manifest["step"] < 0 or manifest["world"] < 1:
+        raise bad(f"step {manifest['step']}, world {manifest['world']}")
+    typed(manifest["optimizer"], _OPTIMIZER_SCHEMA, "optimizer ")
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(manifest["config"]) - known)
+    if unknown:
+        raise bad(f"unknown config keys {unknown[:5]}")
+    for name, entry in manifest["files"].items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                and isinstance(entry.get("sha256"), str) and _SHA256.match(entry["sha256"])):
+            raise bad(f"file entry {name!r} is not {{bytes, sha256}}")
+
+
+def check_file_names(ckpt: Path, manifest: dict[str, Any]) -> None:
+    """The manifest's files are exactly the rank files of its world, and each resolves to a
+    path inside ``ckpt`` (no ``..``, absolute names or symlinks out of the folder)."""
+    names = set(manifest["files"])
+    want = {shard_name(r) for r in range(manifest["world"])}
+    if names != want:
+        odd = sorted(names - want) or [f"none of {sorted(want - names)[:3]}"]
+        raise CheckpointError(
+            f"{ckpt / MANIFEST} lists files {odd[:3]}: a checkpoint of {manifest['world']} "
+            f"workers holds exactly rank00000.safetensors .. {shard_name(manifest['world'] - 1)}"
+            "; refused (nothing was read)")
+    inside = ckpt.resolve()
+    for name in sorted(names):
+        target = (ckpt / name).resolve()
+        if target.parent != inside:
+            raise CheckpointError(f"checkpoint file {ckpt / name} resolves to {target}, outside "
+                                  f"the checkpoint folder; refused (nothing was read)")
 
 
 def verify_files(ckpt: Path, manifest: dict[str, Any], names: list[str] | None = None) -> None:
@@ -211,6 +328,8 @@ class ShardReader(Mapping[str, torch.Tensor]):
         self._files: dict[str, Any] = {}
         self._where: dict[str, tuple[str, str]] = {}
         for name in names:
+            if not _SHARD.match(name):  # read_manifest refuses these first; never open one
+                raise CheckpointError(f"{name!r} is not a checkpoint rank file name; refused")
             path = ckpt / name
             try:
                 handle = safe_open(str(path), framework="pt")

@@ -60,6 +60,14 @@ class TrainConfig:
     ckpt_keep: int = 3
     resume: str | None = None
     max_restarts: int = 0
+    # Run folder and re-planning: overwrite = replace an earlier run's files in out
+    # (train/rundir.py); reshard = resume under another world size, coverage or plan
+    # (train/reshard.py); min_nproc = elastic shrink: a run that loses a worker for good goes
+    # on with one fewer (down to min_nproc) from its newest checkpoint, resharded
+    # (train/elastic.py; None = never shrink).
+    overwrite: bool = False
+    reshard: bool = False
+    min_nproc: int | None = None
     # DDP baselines (subnet/regularize.py): skip each block with this probability per step
     # (stochastic depth, no rescaling, like b-sdp) and drop whole neuron slots of every layer
     # pair with this probability (inverted dropout); training mode only, ddp only.

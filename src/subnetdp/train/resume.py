@@ -9,6 +9,7 @@ explains why a resumed run replays the steps after its checkpoint.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from subnetdp.train.ckpt_io import (
     CheckpointError,
     checkpoints_root,
     list_checkpoints,
+    newest_checkpoint,
     read_manifest,
     resolve_checkpoint,
     verify_files,
@@ -29,6 +31,7 @@ from subnetdp.train.ckpt_io import (
 from subnetdp.train.config import TrainConfig
 
 __all__ = [
+    "RESHARD_OVERRIDABLE",
     "RESUME_OVERRIDABLE",
     "NonFiniteLossError",
     "check_fresh_run_dir",
@@ -37,6 +40,7 @@ __all__ = [
     "restart_count",
     "resume_config",
     "resume_source",
+    "state_finite",
     "stop_if_not_finite",
     "truncate_metrics",
 ]
@@ -44,7 +48,11 @@ __all__ = [
 # Options a resumed run may change: they do not touch the model, the data or the optimiser's
 # maths (``steps`` extends the run; the cosine schedule is then computed for the new length).
 RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "max_restarts",
-                                "eval_batches", "memory_step", "log_every", "resume"})
+                                "eval_batches", "memory_step", "log_every", "resume",
+                                "min_nproc"})
+# What --reshard may change besides: the world size and the plan ([Note: resharded resume]).
+RESHARD_OVERRIDABLE = frozenset({"nproc", "coverage", "scheme", "balance", "min_holders",
+                                 "plan_file", "neuron_groups", "neuron_kinds", "rotate"})
 
 
 class NonFiniteLossError(RuntimeError):
@@ -62,9 +70,9 @@ def resume_source(resume: str | None, run_dir: Path) -> Path | None:
 
     A group restarted by torch elastic (``--max-restarts``) continues from the newest
     checkpoint of its own run: that is the automatic fault recovery."""
-    found = list_checkpoints(checkpoints_root(run_dir))
-    if restart_count() > 0 and found:
-        return found[-1]
+    newest = newest_checkpoint(checkpoints_root(run_dir)) if restart_count() > 0 else None
+    if newest is not None:
+        return newest
     if resume:
         return resolve_checkpoint(resume)
     if restart_count() == 0:
@@ -89,8 +97,10 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> Tra
     manifest = read_manifest(ckpt)
     saved = dict(manifest["config"])
     run_dir = ckpt.parent.parent
-    for name in sorted(explicit):
-        if name in RESUME_OVERRIDABLE:
+    reshard = bool(given.get("reshard"))
+    saved["nproc"] = manifest["world"]  # the world that wrote it (an elastic shrink changes it)
+    for name in sorted(explicit - {"reshard", "overwrite"}):
+        if name in RESUME_OVERRIDABLE or (reshard and name in RESHARD_OVERRIDABLE):
             saved[name] = given[name]
         elif name == "out":
             if Path(given["out"]).resolve() != run_dir.resolve():
@@ -103,17 +113,20 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> Tra
                 raise CheckpointError(
                     f"--nproc {given[name]}: the checkpoint {ckpt} was written by "
                     f"{manifest['world']} workers and its plan is for {manifest['world']}; "
-                    f"resume with --nproc {manifest['world']} (or drop --nproc)")
+                    f"resume with --nproc {manifest['world']} (or drop --nproc), or add "
+                    "--reshard to re-plan it")
+            hint = " or add --reshard," if name in RESHARD_OVERRIDABLE else ""
             raise CheckpointError(
                 f"{flag} {given[name]!r} differs from the resumed run's {saved.get(name)!r}; "
-                f"a resumed run keeps its configuration (drop {flag}, or start a new run with "
-                "another --out)")
+                f"a resumed run keeps its configuration (drop {flag},{hint} or start a new run "
+                "with another --out)")
     if saved["steps"] <= manifest["step"]:
         raise CheckpointError(
             f"the checkpoint {ckpt} is at step {manifest['step']} and the run has "
             f"--steps {saved['steps']}: nothing left to train; pass --steps > "
             f"{manifest['step']} to train further")
     saved["out"], saved["resume"] = str(run_dir), str(ckpt)
+    saved["reshard"], saved["overwrite"] = reshard, False
     return TrainConfig.from_dict(saved)
 
 
@@ -124,7 +137,7 @@ def preflight_resume(cfg: TrainConfig) -> None:
     ckpt = resolve_checkpoint(cfg.resume)
     manifest = read_manifest(ckpt)
     check_compatible(manifest, ckpt, world=cfg.nproc, strategy=cfg.strategy, plan=None,
-                     model_state=None)
+                     model_state=None, reshard=cfg.reshard)
     verify_files(ckpt, manifest)
 
 
@@ -153,18 +166,50 @@ def drop_replayed_metrics(path: Path, start: int, *, resumed: bool) -> list[floa
 
 
 # -- stopping a diverged run ------------------------------------------------------------------
-def stop_if_not_finite(loss: float, step: int, run_dir: Path, device: torch.device) -> None:
-    """Collective: every rank learns whether any rank's loss is NaN/inf and stops at the same
-    step, before the step's checkpoint, so the newest checkpoint stays the last good one."""
-    mine = torch.tensor([loss], dtype=torch.float64, device=device)
-    losses = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(losses, mine)
-    bad = {r: float(t.item()) for r, t in enumerate(losses) if not torch.isfinite(t).all()}
-    if not bad:
+# [Note: the finite-state guard]
+# A loss is computed *before* the update of its step, so a finite loss says nothing about the
+# weights that update produced: with an absurd learning rate the step-2 loss is fine and the
+# step-2 weights are NaN. The guard therefore also checks the state itself: at every log step
+# (and so before every checkpoint) each rank takes the max-abs norm of every tensor it trains
+# and of their optimizer state (``torch._foreach_norm``, one fused kernel per dtype, no host
+# sync: a max is finite exactly when every value is, and cannot overflow as a 2-norm can) and
+# adds that one flag to the loss it already gathers, so the check costs no extra collective.
+# A checkpoint is written only after its state passed, so the checkpoint a stopped run names
+# holds finite weights.
+def state_finite(model: Any, opt: torch.optim.Optimizer) -> torch.Tensor:
+    """0-dim tensor: 1.0 if every trained parameter of this rank and its optimizer state are
+    finite, else 0.0 ([Note: the finite-state guard])."""
+    from subnetdp.runtime.fsdp import local_tensor
+
+    tensors = [local_tensor(p).detach() for p in model.parameters()]
+    tensors += [local_tensor(v) for st in opt.state.values() for v in st.values()
+                if torch.is_tensor(v) and v.is_floating_point() and v.numel() > 0]
+    if not tensors:
+        return torch.ones(())
+    norms = torch._foreach_norm(tensors, float("inf"))
+    return torch.stack([n.float() for n in norms]).isfinite().all().float()
+
+
+def stop_if_not_finite(loss: float, step: int, run_dir: Path, device: torch.device,
+                       state_ok: torch.Tensor | None = None, state_step: int | None = None) -> None:
+    """Collective: every rank learns whether any rank's loss, or its state after step
+    ``state_step`` (``state_ok``, from ``state_finite``), is NaN/inf, and all stop at the same
+    step, before the next checkpoint, so the newest checkpoint stays the last good one."""
+    ok = torch.ones((), device=device) if state_ok is None else state_ok.to(device)
+    mine = torch.stack([torch.tensor(loss, dtype=torch.float64, device=device),
+                        ok.to(torch.float64)])
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    rows = [t.tolist() for t in gathered]
+    bad = {r: v[0] for r, v in enumerate(rows) if not math.isfinite(v[0])}
+    broken = [r for r, v in enumerate(rows) if v[1] != 1.0]
+    if not bad and not broken:
         return
     found = list_checkpoints(checkpoints_root(run_dir))
     kept = (f"the last good checkpoint is kept: {found[-1]}" if found else
             "no checkpoint had been written (use --ckpt-every N to keep progress)")
-    raise NonFiniteLossError(
-        f"the loss is not finite at step {step} (loss by rank: {bad}); training stopped and "
-        f"{kept}. Lower --lr or set --grad-clip and start a new run")
+    what = (f"the loss is not finite at step {step} (loss by rank: {bad})" if bad else
+            f"the weights or optimizer state after step {state_step} are not finite on "
+            f"rank(s) {broken} (the losses so far were finite)")
+    raise NonFiniteLossError(f"{what}; training stopped and {kept}. Lower --lr or set "
+                             "--grad-clip and start a new run")

@@ -3,7 +3,9 @@ processes, or this process under torchrun), and the run's summary."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,10 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     (the quality study) passes ``"forkserver"``: forking from a process whose threads (the
     elastic agent's TCP store) may hold a libc lock can deadlock a worker."""
     # torch, the models and the trainer load when a run starts, not on import
-    from subnetdp.train.launch import launch, under_launcher
-    from subnetdp.train.resume import NonFiniteLossError, check_fresh_run_dir, preflight_resume
+    from subnetdp.train.elastic import check_shrink_options, launch_shrinking
+    from subnetdp.train.launch import under_launcher
+    from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count
+    from subnetdp.train.rundir import check_fresh, hold_run_folder
     from subnetdp.train.tasks import make_task
     from subnetdp.train.trainer import train_worker
 
@@ -33,11 +37,15 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         # Refuse a damaged checkpoint or one for another world before anything is written.
         if cfg.resume:
             preflight_resume(cfg)
-        else:
-            check_fresh_run_dir(Path(cfg.out))
-    results = launch(train_worker, (cfg.to_dict(),), nproc=cfg.nproc,
-                     run_id=f"subnetdp-{int(time.time())}", max_restarts=cfg.max_restarts,
-                     start_method=start_method)
+        check_shrink_options(cfg)
+    # One writer per run folder, held across restarts and shrinks (train/rundir.py); under
+    # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
+    owner = not under_launcher() or os.environ.get("RANK") == "0"
+    with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext():
+        if owner and restart_count() == 0:  # a torchrun restart continues its own folder
+            check_fresh(Path(cfg.out), resume=bool(cfg.resume), overwrite=cfg.overwrite)
+        results = launch_shrinking(train_worker, cfg, run_id=f"subnetdp-{int(time.time())}",
+                                   start_method=start_method)
     stopped = [r["error"] for r in results.values() if isinstance(r, dict) and "error" in r]
     if stopped:
         raise NonFiniteLossError(stopped[0])

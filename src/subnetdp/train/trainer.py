@@ -22,13 +22,14 @@ from subnetdp.plan import diagnostics, worker_bytes
 from subnetdp.runtime.rank import RankModel
 from subnetdp.subnet.build import build_full_model
 from subnetdp.train.build import build_plan, build_rank, make_optimizer, save_plan
-from subnetdp.train.checkpoint import Checkpointer, run_info
+from subnetdp.train.checkpoint import Checkpointer, CheckpointWriteError, run_info
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.launch import init_distributed, shutdown_distributed
 from subnetdp.train.resume import (
     NonFiniteLossError,
     drop_replayed_metrics,
     resume_source,
+    state_finite,
     stop_if_not_finite,
 )
 from subnetdp.train.tasks import Task, make_task
@@ -66,9 +67,10 @@ def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     rank, world = init_distributed("gloo" if cfg.device == "cpu" else None)
     try:
         return _run(cfg, rank, world)
-    except NonFiniteLossError as e:
+    except (NonFiniteLossError, CheckpointWriteError) as e:
         # All ranks stop at the same step (the check is collective). Returning rather than
-        # raising tells torch elastic not to restart a run that would only diverge again.
+        # raising tells torch elastic not to restart a run that would only diverge again
+        # (or fill the same full disk again).
         return {"error": str(e)}
     finally:
         shutdown_distributed()
@@ -95,9 +97,10 @@ class _Window:
         self.norms.append(norm)
         self.rows.append(row)
 
-    def flush(self, sink: JsonlSink, out: Path, device: torch.device) -> list[float]:
+    def flush(self, sink: JsonlSink, out: Path, device: torch.device,
+              state_ok: torch.Tensor) -> list[float]:
         """Write the window's lines; raise ``NonFiniteLossError`` on every rank at once if any
-        rank's loss went NaN/inf. Returns the losses."""
+        rank's loss, or its state now (``state_ok``), went NaN/inf. Returns the losses."""
         if not self.steps:
             return []
         losses = torch.stack(self.losses).float().tolist()
@@ -107,7 +110,7 @@ class _Window:
                             **row})
         bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
         at = len(losses) - 1 if bad is None else bad
-        stop_if_not_finite(losses[at], self.steps[at], out, device)
+        stop_if_not_finite(losses[at], self.steps[at], out, device, state_ok, self.steps[-1])
         self._clear()
         return losses
 
@@ -116,8 +119,9 @@ class _Window:
 # Reading a loss (``.item()``) waits for the device, and a finiteness check across ranks is a
 # collective; doing either every step would stall a GPU pipeline that the step itself never
 # needs to stall. So losses stay on the device and are read every ``log_every`` steps, before
-# every checkpoint (a non-finite loss is caught before the checkpoint after it is written, so
-# the newest checkpoint stays good) and at the end; every rank checks at the same steps, so all
+# every checkpoint (a non-finite loss, or non-finite weights: [Note: the finite-state guard] in
+# train/resume.py, are caught before the checkpoint after them is written, so the newest
+# checkpoint stays good) and at the end; every rank checks at the same steps, so all
 # stop at the same step. Step times are host times (exact on CPU; on GPU the log steps' sync
 # makes each window's total exact).
 
@@ -182,7 +186,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             done = step + 1
             due = ckpt.due(done)
             if due or done % cfg.log_every == 0 or done == cfg.steps:
-                losses += window.flush(sink, out, device)
+                losses += window.flush(sink, out, device, state_finite(model, opt))
                 progress.update(done, loss=losses[-1], tps=tps * world)
             if due:
                 ckpt.save(done)

@@ -1,0 +1,91 @@
+"""Elastic shrink: a run that loses a worker for good goes on with the survivors.
+
+[Note: elastic shrink]
+Local launches (``--min-nproc N``): torch elastic first restarts the whole group at its size
+(``--max-restarts``); when a worker died by a signal (killed, OOM-killed, its device gone) and
+the restarts are used up, the launcher starts the group again with one worker fewer, down to
+``N``, resuming the newest checkpoint resharded ([Note: resharded resume]). Under
+``torchrun --nnodes MIN:MAX`` torch elastic itself re-forms the group with the nodes left; the
+restarted workers resume the newest checkpoint and, seeing another world size, reshard.
+
+What is kept, bit for bit: every value of the newest checkpoint (weights, optimizer state, LR
+schedule position, step). What is replayed: the steps after that checkpoint, recomputed by the
+survivors under the new plan, which differ from the first attempt's (new data split, new masks,
+a smaller global batch). What is lost: the computation since the checkpoint, and the metrics
+lines the lost rank wrote after it (dropped, so every file ends at the checkpoint before the
+survivors continue). The data is not lost: batches are cut from the corpus by world size, so
+the survivors' shards cover all of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from subnetdp.metrics.sinks import rank_jsonl_path
+from subnetdp.train.ckpt_io import checkpoints_root, newest_checkpoint, read_manifest
+from subnetdp.train.config import TrainConfig
+from subnetdp.train.launch import WorkerFailedError, launch
+from subnetdp.train.resume import truncate_metrics
+
+__all__ = ["check_shrink_options", "launch_shrinking", "shrunk_config"]
+
+
+def check_shrink_options(cfg: TrainConfig) -> None:
+    """Refuse ``--min-nproc`` values that cannot work, before anything starts."""
+    if cfg.min_nproc is None:
+        return
+    if not 1 <= cfg.min_nproc <= cfg.nproc:
+        raise ValueError(f"--min-nproc must be between 1 and --nproc ({cfg.nproc}), got "
+                         f"{cfg.min_nproc}")
+    if cfg.ckpt_every < 1:
+        raise ValueError("--min-nproc continues from the newest checkpoint; add --ckpt-every N")
+    if cfg.plan_file:
+        raise ValueError("--min-nproc re-plans for fewer workers, which a --plan-file cannot "
+                         "do; use --coverage/--scheme, or drop --min-nproc")
+
+
+def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
+                     start_method: str | None = None) -> dict[int, Any]:
+    """``launch(fn, (cfg,))``, shrinking by one worker after each loss for good
+    ([Note: elastic shrink]). Returns the last attempt's ``{rank: result}``."""
+    while True:
+        try:
+            return launch(fn, (cfg.to_dict(),), nproc=cfg.nproc, run_id=run_id,
+                          max_restarts=cfg.max_restarts, start_method=start_method)
+        except WorkerFailedError as e:
+            smaller = shrunk_config(cfg, e.failures)
+            if smaller is None:
+                raise
+            print(f"subnetdp train: {_lost(e.failures)} of {cfg.nproc} workers lost for good; "
+                  f"going on with {smaller.nproc} from {smaller.resume} (resharded; the steps "
+                  "after it are replayed)", file=sys.stderr)
+            cfg = smaller
+
+
+def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> TrainConfig | None:
+    """The next attempt's configuration after ``failures``, or None if the run cannot shrink
+    (no ``--min-nproc``, at the minimum, no checkpoint yet, or a failure that is a Python
+    exception: that would only fail again on fewer workers)."""
+    if cfg.min_nproc is None or cfg.nproc - 1 < cfg.min_nproc or not _lost(failures):
+        return None
+    if any(code >= 0 for code, _ in failures.values()):
+        return None
+    newest = newest_checkpoint(checkpoints_root(cfg.out))
+    if newest is None:
+        return None
+    step = int(read_manifest(newest)["step"])
+    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - 1, resume=str(newest), reshard=True)
+    for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the checkpoint
+        path = rank_jsonl_path(Path(cfg.out), rank)
+        truncate_metrics(path, step)
+    return smaller
+
+
+def _lost(failures: dict[int, tuple[int, str]]) -> int:
+    """Workers that died by a signal other than the agent's own SIGTERM to the survivors."""
+    return sum(1 for code, _ in failures.values() if code < 0 and -code != signal.SIGTERM)

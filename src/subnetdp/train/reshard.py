@@ -1,0 +1,107 @@
+"""Re-masking on resume: serve a checkpoint's pieces to a plan other than the one that wrote it.
+
+A checkpoint stores each entry of the full model (and each optimizer state shaped like a
+parameter) once, as whole entries or as slices ``key@dim:start:stop`` (``ckpt_io``). A rank of
+*another* plan (another world size, coverage, scheme or neuron grouping) asks for the pieces it
+holds under its own plan; ``PieceReader`` answers a piece the checkpoint has verbatim, and cuts
+any other one out of the full entry assembled from the saved pieces. Values are copied, never
+recomputed, so every loaded value equals the saved one bit for bit.
+
+[Note: resharded resume]
+``--resume RUN --reshard`` (and an elastic shrink, ``elastic``) continues a run under a new plan.
+Bitwise: every parameter, buffer and optimizer tensor (``exp_avg``, ``exp_avg_sq``, ``step``),
+the LR schedule's position and the step count. Not bitwise with the run that would have
+continued unchanged: the data each rank draws (batches are a function of ``(seed, rank, world,
+step)``, so a new world draws new batches), the global batch (``world x --batch-size``), which
+units each rank trains (the new plan's masks), and the RNG streams (every rank is reseeded from
+``(seed, step, rank)``, since the old ranks' streams have no meaning for the new ranks). A
+resharded resume is itself deterministic: the same command gives the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from subnetdp.train.ckpt_io import CheckpointError, ShardReader, split_piece
+
+__all__ = ["PieceReader", "reseed"]
+
+
+class PieceReader(Mapping[str, torch.Tensor]):
+    """Pieces under ``prefix`` of all of a checkpoint's rank files, for any plan's piece names.
+
+    ``shapes`` maps each full-model key to its full shape (the manifest's ``model_state``),
+    needed to assemble an entry that the checkpoint holds only in slices."""
+
+    def __init__(self, ckpt: Path, files: list[str], prefix: str,
+                 shapes: Mapping[str, list[int]]) -> None:
+        self._saved = ShardReader(ckpt, files, prefix)
+        self._ckpt, self._prefix, self._shapes = ckpt, prefix, shapes
+        self._by_key: dict[str, list[tuple[str, tuple[int, int, int] | None]]] = {}
+        for piece in self._saved:
+            key, where = split_piece(piece)
+            self._by_key.setdefault(key, []).append((piece, where))
+        self._cache: tuple[str, torch.Tensor] | None = None  # the last full entry assembled
+
+    def __contains__(self, piece: object) -> bool:
+        return isinstance(piece, str) and (piece in self._saved or
+                                           split_piece(piece)[0] in self._by_key)
+
+    def __getitem__(self, piece: str) -> torch.Tensor:
+        if piece in self._saved:
+            return self._saved[piece]  # the piece as written (the same plan's resume)
+        key, where = split_piece(piece)
+        if key not in self._by_key:
+            raise KeyError(piece)
+        full = self._full(key)
+        if where is None:
+            return full
+        dim, start, stop = where
+        return full.narrow(dim, start, stop - start)
+
+    def _full(self, key: str) -> torch.Tensor:
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        found = self._by_key[key]
+        first = self._saved[found[0][0]]
+        if key not in self._shapes:
+            raise CheckpointError(f"{self._ckpt}: no shape recorded for {key!r}")
+        full = torch.empty(self._shapes[key], dtype=first.dtype)
+        covered = 0
+        for piece, where in found:
+            t = self._saved[piece]
+            view = full if where is None else full.narrow(where[0], where[1],
+                                                          where[2] - where[1])
+            view.copy_(t)
+            covered += t.numel()
+        if covered != full.numel():
+            raise CheckpointError(f"the pieces of {self._prefix}{key} in {self._ckpt} cover "
+                                  f"{covered} of {full.numel()} values; it is incomplete")
+        self._cache = (key, full)
+        return full
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._saved)
+
+    def __len__(self) -> int:
+        return len(self._saved)
+
+
+def reseed(seed: int, step: int, rank: int) -> None:
+    """Fresh RNG streams for a rank of a resharded run ([Note: resharded resume])."""
+    import random
+
+    import numpy as np
+
+    mixed = (seed * 1_000_003 + step) * 1_009 + rank
+    torch.manual_seed(mixed)
+    np.random.seed(mixed % (1 << 32))
+    random.seed(mixed)
+
+
+def model_shapes(manifest: dict[str, Any]) -> dict[str, list[int]]:
+    return {k: list(shape) for k, shape, _ in manifest["model_state"]}
