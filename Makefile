@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-done
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-balanced study clean
+.PHONY: setup demo test test-faults lint bench bench-balanced study clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ demo: $(STAMP)
 # No -q here: pyproject.toml already adds one, and -qq hides the "N passed" summary line.
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 $(PYTEST_ARGS) tests
+
+# The long fault cases (tests/faults, marker "long"), skipped by `make test`.
+test-faults: $(STAMP)
+	SUBNETDP_LONG_TESTS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 \
+		$(PYTEST_ARGS) tests/faults
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

@@ -96,9 +96,14 @@ def newest_checkpoint(root: Path) -> Path | None:
                      if (m := _STEP_DIR.match(p.name) or _STAGING.match(p.name))
                      and int(m[1]) > int(newest.name[5:]) and not (p / MANIFEST).is_file())
     for name in skipped:
-        print(f"notice: skipping {root / name}: it has no {MANIFEST} (its write never finished);"
-              f" using {newest}", file=sys.stderr)
+        if root / name not in _NOTICED:  # once per process (forked workers inherit the set)
+            _NOTICED.add(root / name)
+            print(f"notice: skipping {root / name}: it has no {MANIFEST} (its write never "
+                  f"finished); using {newest}", file=sys.stderr)
     return newest
+
+
+_NOTICED: set[Path] = set()
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
@@ -344,6 +349,9 @@ class ShardReader(Mapping[str, torch.Tensor]):
     def __getitem__(self, key: str) -> torch.Tensor:
         name, full = self._where[key]
         return self._files[name].get_tensor(full)
+
+    def __contains__(self, key: object) -> bool:  # without reading the tensor
+        return key in self._where
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
