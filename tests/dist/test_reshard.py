@@ -1,4 +1,4 @@
-"""Re-masking on resume (``--resume RUN --reshard``): a checkpoint of 2 workers at coverage 0.5
+"""Re-masking on resume (``--resume RUN --reshard``), every strategy: a checkpoint of 2 workers at coverage 0.5
 resumed by 3 workers at another coverage (n-sdp: another neuron grouping too). Right after
 loading, each rank's state is written back as a checkpoint of the new plan; assembled, its
 parameters and optimizer state equal the saved ones bit for bit. Training then continues.
@@ -44,7 +44,7 @@ def _assembled(ckpt: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("strategy", ["b-sdp", "n-sdp", "nb-sdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "b-sdp", "bb-sdp", "n-sdp", "nb-sdp"])
 def test_resume_under_another_world_and_coverage(
     strategy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -342,6 +342,25 @@ def test_ranks_that_do_not_share_the_run_folder(
     _assert_failed_write(err, run, before)
 
 
+def test_resuming_on_ranks_that_do_not_share_the_run_folder(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Node-local --out on resume: rank 1 finds no checkpoint where rank 0 finds it."""
+    import subnetdp.train.checkpoint as checkpoint
+
+    real = checkpoint.read_manifest
+
+    def local_view(ckpt: Path) -> Any:
+        return real(tmp_path / "node1" / ckpt.name if os.environ.get("RANK") == "1" else ckpt)
+
+    monkeypatch.setattr(checkpoint, "read_manifest", local_view)
+    before = _snapshot(run)
+    err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capsys, code=1))
+    assert "rank 1 does not see the checkpoint" in err and "node-local --out" in err
+    assert _snapshot(run) == before
+
+
 # -- kill -9 with restarts --------------------------------------------------------------------
 def _killing_worker(cfg_dict: dict[str, Any], kills: dict[int, int]) -> dict[str, Any]:
     """The normal worker; on attempt ``a`` in ``kills`` rank 1 SIGKILLs itself while writing

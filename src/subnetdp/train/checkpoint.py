@@ -67,15 +67,24 @@ from subnetdp.train.ckpt_io import (
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.reshard import PieceReader, model_shapes, reseed
 
-__all__ = ["CheckpointError", "CheckpointWriteError", "Checkpointer", "check_compatible",
-           "run_info"]
+__all__ = ["CheckpointError", "CheckpointUnusableError", "CheckpointWriteError", "Checkpointer",
+           "RunStoppedError", "check_compatible", "run_info"]
 
 _TOKEN = ".shared-folder-token"  # [Note: failed checkpoint writes]
 
 
-class CheckpointWriteError(RuntimeError):
+class RunStoppedError(RuntimeError):
+    """Raised on every rank at once (the ranks agreed on it): the run stops, and torch elastic
+    is not asked to restart it, since a restart would meet the same cause."""
+
+
+class CheckpointWriteError(RunStoppedError):
     """A checkpoint could not be written; its staging folder is gone and the message names the
     newest intact checkpoint."""
+
+
+class CheckpointUnusableError(RunStoppedError):
+    """Every rank found the checkpoint to resume unusable (damaged, or not visible to all)."""
 
 
 class Checkpointer:
@@ -180,7 +189,7 @@ class Checkpointer:
         the number of steps it had completed (the next step to run). With ``reshard`` the
         checkpoint may come from another world size or plan ([Note: resharded resume]); an
         elastic restart into a different world size reshards by itself."""
-        manifest = read_manifest(ckpt)
+        manifest = _read_together(ckpt, self.rank, self.world)
         reshard = reshard or self.cfg.reshard or _restarted_into_another_world(manifest,
                                                                                self.world)
         check_compatible(manifest, ckpt, world=self.world, strategy=self.cfg.strategy,
@@ -363,6 +372,30 @@ def _normalised(obj: Any) -> Any:
     return json.loads(json.dumps(obj))
 
 
+def _read_together(ckpt: Path, rank: int, world: int) -> dict[str, Any]:
+    """The manifest, read by every rank; ranks that cannot read it, or read another one, while
+    rank 0 can, do not share the run folder (node-local ``--out``): say so on every rank."""
+    manifest: dict[str, Any] | None = None
+    error = ""
+    try:
+        manifest = read_manifest(ckpt)
+    except CheckpointError as e:
+        error = str(e)
+    views: list[Any] = [None] * world
+    dist.all_gather_object(views, (error, manifest["checksum"] if manifest else None))
+    if views[0][0]:
+        raise CheckpointUnusableError(views[0][0])
+    other = next((r for r, (e, digest) in enumerate(views) if e or digest != views[0][1]), None)
+    if other is not None:
+        raise CheckpointUnusableError(
+            f"rank {other} does not see the checkpoint {ckpt} that rank 0 sees "
+            f"({views[other][0] or 'another manifest'}): the run folder must be one folder "
+            "that every rank shares (a node-local --out is not); put --out on a shared "
+            "filesystem")
+    assert manifest is not None
+    return manifest
+
+
 def _verify_together(ckpt: Path, manifest: dict[str, Any], rank: int, world: int) -> None:
     """Check every file's checksum, each rank a share of them, and fail on all ranks alike."""
     names = sorted(manifest["files"])
@@ -375,7 +408,7 @@ def _verify_together(ckpt: Path, manifest: dict[str, Any], rank: int, world: int
     dist.all_gather_object(errors, error)
     first = next((e for e in errors if e), None)
     if first:
-        raise CheckpointError(first)
+        raise CheckpointUnusableError(first)
 
 
 def run_info(recipe: Any, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from subnetdp.metrics.sinks import read_jsonl
-from subnetdp.train.checkpoint import check_compatible
+from subnetdp.train.checkpoint import RunStoppedError, check_compatible
 from subnetdp.train.ckpt_io import (
     CheckpointError,
     checkpoints_root,
@@ -55,7 +55,7 @@ RESHARD_OVERRIDABLE = frozenset({"nproc", "coverage", "scheme", "balance", "min_
                                  "plan_file", "neuron_groups", "neuron_kinds", "rotate"})
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RunStoppedError):
     """The loss became NaN or infinite: the run stopped and kept its last good checkpoint."""
 
 

@@ -22,11 +22,10 @@ from subnetdp.plan import diagnostics, worker_bytes
 from subnetdp.runtime.rank import RankModel
 from subnetdp.subnet.build import build_full_model
 from subnetdp.train.build import build_plan, build_rank, make_optimizer, save_plan
-from subnetdp.train.checkpoint import Checkpointer, CheckpointWriteError, run_info
+from subnetdp.train.checkpoint import Checkpointer, RunStoppedError, run_info
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.launch import init_distributed, shutdown_distributed
 from subnetdp.train.resume import (
-    NonFiniteLossError,
     drop_replayed_metrics,
     resume_source,
     state_finite,
@@ -67,10 +66,10 @@ def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     rank, world = init_distributed("gloo" if cfg.device == "cpu" else None)
     try:
         return _run(cfg, rank, world)
-    except (NonFiniteLossError, CheckpointWriteError) as e:
+    except RunStoppedError as e:
         # All ranks stop at the same step (the check is collective). Returning rather than
         # raising tells torch elastic not to restart a run that would only diverge again
-        # (or fill the same full disk again).
+        # (or fill the same full disk, or read the same damaged checkpoint, again).
         return {"error": str(e)}
     finally:
         shutdown_distributed()
