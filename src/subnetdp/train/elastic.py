@@ -32,11 +32,13 @@ from subnetdp.train.config import TrainConfig
 from subnetdp.train.launch import WorkerFailedError, launch
 from subnetdp.train.resume import truncate_metrics
 
-__all__ = ["check_shrink_options", "launch_shrinking", "shrunk_config"]
+__all__ = ["check_replan_options", "launch_shrinking", "shrunk_config"]
 
 
-def check_shrink_options(cfg: TrainConfig) -> None:
-    """Refuse ``--min-nproc`` values that cannot work, before anything starts."""
+def check_replan_options(cfg: TrainConfig) -> None:
+    """Refuse ``--reshard``/``--min-nproc`` settings that cannot work, before anything starts."""
+    if cfg.reshard and not cfg.resume:
+        raise ValueError("--reshard re-plans a resumed checkpoint; use it with --resume RUN")
     if cfg.min_nproc is None:
         return
     if not 1 <= cfg.min_nproc <= cfg.nproc:

@@ -97,6 +97,9 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> Tra
     manifest = read_manifest(ckpt)
     saved = dict(manifest["config"])
     run_dir = ckpt.parent.parent
+    if "overwrite" in explicit:
+        raise CheckpointError(f"--overwrite starts a new run in place of {run_dir}; drop it to "
+                              "continue the run with --resume")
     reshard = bool(given.get("reshard"))
     saved["nproc"] = manifest["world"]  # the world that wrote it (an elastic shrink changes it)
     for name in sorted(explicit - {"reshard", "overwrite"}):

@@ -20,7 +20,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     (the quality study) passes ``"forkserver"``: forking from a process whose threads (the
     elastic agent's TCP store) may hold a libc lock can deadlock a worker."""
     # torch, the models and the trainer load when a run starts, not on import
-    from subnetdp.train.elastic import check_shrink_options, launch_shrinking
+    from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.launch import under_launcher
     from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count
     from subnetdp.train.rundir import check_fresh, hold_run_folder
@@ -37,7 +37,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         # Refuse a damaged checkpoint or one for another world before anything is written.
         if cfg.resume:
             preflight_resume(cfg)
-        check_shrink_options(cfg)
+        check_replan_options(cfg)
     # One writer per run folder, held across restarts and shrinks (train/rundir.py); under
     # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
     owner = not under_launcher() or os.environ.get("RANK") == "0"
