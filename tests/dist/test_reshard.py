@@ -84,6 +84,16 @@ def test_resume_under_another_world_and_coverage(
             out / "metrics" / f"rank{r}.jsonl"))
 
 
+def test_reshard_into_the_same_plan_is_an_exact_resume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--strategy", "n-sdp", "--nproc", "2", "--steps", "4",
+                 "--ckpt-every", "2", "--out", str(out)]) == 0
+    losses = [m["loss"] for m in read_jsonl(out / "metrics" / "rank1.jsonl")]
+    assert main(["train", "--resume", str(out / "checkpoints" / "step_00000002"),
+                 "--reshard"]) == 0
+    assert [m["loss"] for m in read_jsonl(out / "metrics" / "rank1.jsonl")] == losses
+
+
 def test_resume_under_another_world_needs_reshard(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"

@@ -184,14 +184,13 @@ class Checkpointer:
             "files": files,
         }
 
-    def restore(self, ckpt: Path, *, reshard: bool = False) -> int:
+    def restore(self, ckpt: Path) -> int:
         """Load checkpoint ``ckpt`` into this rank's model, optimizer, schedule and RNG; return
-        the number of steps it had completed (the next step to run). With ``reshard`` the
+        the number of steps it had completed (the next step to run). Under ``--reshard`` the
         checkpoint may come from another world size or plan ([Note: resharded resume]); an
         elastic restart into a different world size reshards by itself."""
         manifest = _read_together(ckpt, self.rank, self.world)
-        reshard = reshard or self.cfg.reshard or _restarted_into_another_world(manifest,
-                                                                               self.world)
+        reshard = self.cfg.reshard or _restarted_into_another_world(manifest, self.world)
         check_compatible(manifest, ckpt, world=self.world, strategy=self.cfg.strategy,
                          plan=self.plan, model_state=self.info["model_state"], reshard=reshard)
         _verify_together(ckpt, manifest, self.rank, self.world)
@@ -208,7 +207,9 @@ class Checkpointer:
         for group, saved in zip(self.opt.param_groups, opt_info["param_groups"], strict=True):
             group.update(saved)
         step = int(manifest["step"])
-        if reshard:
+        same_plan = (manifest["world"] == self.world
+                     and _normalised(self.plan.to_dict()) == _normalised(manifest["plan"]))
+        if not same_plan:  # the old ranks' RNG streams mean nothing to the new ranks
             reseed(self.cfg.seed, step, self.rank)
         else:
             own = ShardReader(ckpt, [shard_name(self.rank)], "rng/")

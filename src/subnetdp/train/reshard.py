@@ -15,7 +15,8 @@ continued unchanged: the data each rank draws (batches are a function of ``(seed
 step)``, so a new world draws new batches), the global batch (``world x --batch-size``), which
 units each rank trains (the new plan's masks), and the RNG streams (every rank is reseeded from
 ``(seed, step, rank)``, since the old ranks' streams have no meaning for the new ranks). A
-resharded resume is itself deterministic: the same command gives the same run.
+resharded resume is itself deterministic: the same command gives the same run, and
+``--reshard`` into the very same world and plan is an exact resume, RNG streams included.
 """
 
 from __future__ import annotations
