@@ -105,7 +105,9 @@ class Composition:
     gradients in (None: the master dtype); ``ddp_bucket_view``: torch DDP writes gradients
     straight into its buckets (one gradient copy, like subnetdp's reducer: the fair
     baseline); False is torch's default, a second gradient copy, only ever as a labelled
-    extra baseline; ``output_scaling``: None = the strategy's default."""
+    extra baseline; ``output_scaling``: None = the strategy's default; ``fsdp_prefetch``:
+    SDP + FSDP2 prefetches the adjacent held block (``runtime.fsdp``, [Note: one global
+    order]); False issues every all-gather when its block runs."""
 
     fsdp: bool = False
     ac: bool = False
@@ -115,6 +117,7 @@ class Composition:
     output_scaling: str | None = None
     refresh_every: int = 1
     ddp_bucket_view: bool = True
+    fsdp_prefetch: bool = True
 
     def check(self, strategy: Strategy) -> None:
         """Refuse combinations that cannot be built, with a message that says what to do."""

@@ -19,9 +19,11 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from subnetdp.plan import Plan
+from subnetdp.plan.schedule import ADJACENT, OFF, check, reducer_schedule
 from subnetdp.runtime.assemble import owns
 from subnetdp.runtime.fsdp import (
     ShardRefresher,
+    check_fsdp_schedule,
     local_full_state,
     local_grad_sq_norm,
     local_tensor,
@@ -77,6 +79,10 @@ class ReducerBackend:
             external=self.trainable.external,
         )
         self.stats = self.reducer.stats
+        buckets = [(s.holders, f"bucket {i} ({s.names[0]}, ...)")
+                   for i, s in enumerate(self.reducer.specs)]
+        check({r: reducer_schedule(plan, r, buckets, refresh=strategy.backward_masked)
+               for r in range(plan.world)})  # safe by construction; checked all the same
         # The trainable pieces this rank owns: each counted once in the full model's grad norm.
         self._owned = [(p, lp) for key, p in self.trainable.params.items()
                        for lp in self.trainable.local[key] if owns(lp.piece, plan, rank)]
@@ -115,9 +121,9 @@ class FSDPBackend:
 
     def __init__(
         self, module: nn.Module, *, plan: Plan, rank: int, groups: HolderGroups,
-        adapter: UnitAdapter, local: Mapping[str, Sequence[LocalPiece]], held: Sequence[int],
-        strategy: Strategy, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None,
-        device: torch.device,
+        adapter: UnitAdapter, pieces: Sequence[Piece], local: Mapping[str, Sequence[LocalPiece]],
+        held: Sequence[int], strategy: Strategy, param_dtype: torch.dtype | None,
+        reduce_dtype: torch.dtype | None, device: torch.device, prefetch: bool = True,
     ) -> None:
         self.module = module
         held_set = set(held)
@@ -127,8 +133,13 @@ class FSDPBackend:
         if strategy.neuron_level:  # the per-group parts of grouped layers
             shardable = [(u, part) for layer in module.modules() if isinstance(layer, GroupedLayer)
                          for u, part in zip(layer.units, layer.parts, strict=True)]
+            module_units = _part_order(module, pieces, held_set)
         else:
             shardable = [(u, block) for u, (_, block) in units if u in held_set]
+            module_units = list(range(plan.num_units))
+        mode = ADJACENT if prefetch else OFF
+        check_fsdp_schedule(plan, module_units, reshard_after_forward=not strategy.neuron_level,
+                            prefetch=mode, refresh=strategy.backward_masked)
         frozen = [p for p in module.parameters() if not p.requires_grad]
         if strategy.backward_masked and param_dtype is not None:
             # non-held copies only ever run forward (in param_dtype): store them narrow
@@ -145,6 +156,7 @@ class FSDPBackend:
             module, shardable, plan, groups, device_type=device.type, mp_policy=policy,
             frozen=frozen,
             reshard_after_forward=not strategy.neuron_level,  # [Note: neuron groups]
+            prefetch=mode,
         )
         self.trainable = Trainable(
             {k: p for k, p in module.named_parameters() if p.requires_grad}, {}
@@ -189,6 +201,25 @@ class FSDPBackend:
 
     def local_state(self) -> dict[str, torch.Tensor]:
         return ungroup_state(self.module, local_full_state(self.module))
+
+
+def _part_order(module: nn.Module, pieces: Sequence[Piece], held: set[int]) -> list[int]:
+    """The unit of every grouped part of the *full* model in forward order (n-sdp + FSDP):
+    layers in module order, groups in piece order. Each rank's parts are these, filtered to
+    what it holds; checked here for this rank, so the schedule check sees the real order."""
+    units_of: dict[str, list[int]] = {}
+    for piece in pieces:
+        if piece.unit is not None and piece.dim is not None:
+            units_of.setdefault(piece.key, []).append(piece.unit)
+    order: list[int] = []
+    for path, layer in module.named_modules():
+        if isinstance(layer, GroupedLayer):
+            full = units_of[f"{path}.weight" if path else "weight"]
+            if layer.units != [u for u in full if u in held]:
+                raise RuntimeError(f"internal: {path}'s parts {layer.units} are not in the "
+                                   f"plan's order {full}")
+            order += full
+    return order
 
 
 def _no_slices(p: nn.Parameter) -> None:

@@ -73,13 +73,17 @@ class SubnetDataParallel(nn.Module):
         activation_checkpointing: bool = False,
         param_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
+        fsdp_prefetch: bool = True,
     ) -> None:
         """``fsdp``: shard each held unit over its holders (FSDP2) and shared parameters over
         all workers (``runtime.fsdp``); ``activation_checkpointing``: recompute every block in
         backward (``runtime.checkpointing``); ``param_dtype``: compute dtype (e.g. bf16) while
         parameters, gradients and optimizer state keep the model's dtype (FSDP's
         mixed-precision policy under ``fsdp``, ``torch.autocast`` otherwise);
-        ``reduce_dtype``: the dtype gradients are averaged in (FSDP only; default: fp32)."""
+        ``reduce_dtype``: the dtype gradients are averaged in (FSDP only; default: fp32);
+        ``fsdp_prefetch``: prefetch adjacent held blocks (FSDP only, [Note: one global order]
+        in ``runtime.fsdp``). Every rank checks that the collectives it and its peers will
+        issue admit one global order (``plan.schedule``) and raises ``ScheduleError`` if not."""
         super().__init__()
         strat = get_strategy(strategy)
         if not strat.is_sdp:
@@ -122,8 +126,9 @@ class SubnetDataParallel(nn.Module):
                                        if any(True for _ in m.parameters())])
         self.backend: Backend = (
             FSDPBackend(module, plan=plan, rank=self.rank, groups=self.groups, adapter=adapter,
-                        local=self.local, held=self.held_units, strategy=strat,
-                        param_dtype=param_dtype, reduce_dtype=reduce_dtype, device=dev)
+                        pieces=self.pieces, local=self.local, held=self.held_units,
+                        strategy=strat, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                        device=dev, prefetch=fsdp_prefetch)
             if fsdp else
             ReducerBackend(module, plan=plan, rank=self.rank, groups=self.groups,
                            pieces=self.pieces, local=self.local, held=self.held_units,
