@@ -146,3 +146,27 @@ def test_reducer_schedule_is_safe() -> None:
         buckets = [(plan.holders(u), f"b{u}") for u in reversed(range(plan.num_units))]
         buckets.append((tuple(range(plan.world)), "shared"))
         check({r: reducer_schedule(plan, r, buckets, refresh=True) for r in range(plan.world)})
+
+
+def _plan_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    import argparse
+
+    from subnetdp.commands import plan_cmd
+
+    parser = argparse.ArgumentParser()
+    plan_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["plan", *argv])
+    code = args.func(args)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_check_schedule(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--world", "4", "--units", "8", "--coverage", "0.5", "--check-schedule"]
+    for extra in ([], ["--fsdp"], ["--fsdp", "--strategy", "bb-sdp"]):
+        code, out, _ = _plan_cli(base + extra, capsys)
+        assert code == 0 and "schedule: one global order exists" in out
+    code, out, err = _plan_cli(base + ["--fsdp", "--prefetch", "default"], capsys)
+    assert code == 2 and not out
+    assert err.startswith("subnetdp plan: error: collectives on groups [") and "rank " in err
+    assert err.count("\n") == 1

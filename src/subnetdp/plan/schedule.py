@@ -144,6 +144,34 @@ def reducer_schedule(
     return ops
 
 
+def plan_schedules(
+    plan: Plan, *, fsdp: bool, neuron_level: bool = False, backward_masked: bool = False,
+    prefetch: str = ADJACENT,
+) -> dict[int, list[Op]]:
+    """Every rank's collectives for a plan and composition without the model (``subnetdp plan
+    --check-schedule``): FSDP modules one per unit in unit order (n-sdp: kept gathered, no
+    prefetch); the reducer's buckets one per unit in reverse unit order, then the shared
+    parameters (the runtime checks its real modules and buckets when it wraps)."""
+    if fsdp:
+        return {r: fsdp_schedule(plan, r, prefetch=OFF if neuron_level else prefetch,
+                                 reshard_after_forward=not neuron_level,
+                                 refresh=backward_masked) for r in range(plan.world)}
+    names = [u.name for u in plan.units]
+    buckets = [(plan.holders(u), names[u]) for u in reversed(range(plan.num_units))]
+    buckets.append((tuple(range(plan.world)), "shared"))
+    return {r: reducer_schedule(plan, r, buckets, refresh=backward_masked)
+            for r in range(plan.world)}
+
+
+def summary(schedules: Mapping[int, Sequence[Op]]) -> str:
+    """One line for a schedule that ``check`` accepted."""
+    ops = {o for seq in schedules.values() for o in seq if len(o.group) > 1}
+    groups = {o.group for o in ops}
+    most = max((sum(len(o.group) > 1 for o in seq) for seq in schedules.values()), default=0)
+    return (f"schedule: one global order exists ({len(ops)} collectives per step on "
+            f"{len(groups)} groups; at most {most} per rank)")
+
+
 def check(schedules: Mapping[int, Sequence[Op]]) -> None:
     """Raise ``ScheduleError`` unless the per-rank sequences run to completion (module doc).
 
