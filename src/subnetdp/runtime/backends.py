@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor
 
 from subnetdp.plan import Plan
 from subnetdp.plan.schedule import ADJACENT, OFF, check, reducer_schedule
@@ -24,6 +25,7 @@ from subnetdp.runtime.assemble import owns
 from subnetdp.runtime.fsdp import (
     ShardRefresher,
     check_fsdp_schedule,
+    chunk_views,
     local_full_state,
     local_grad_sq_norm,
     local_tensor,
@@ -58,6 +60,15 @@ class Backend(Protocol):
 
     def local_state(self) -> dict[str, torch.Tensor]:
         """The local model's state in its plain (unsharded, ungrouped) layout."""
+
+    def plain(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tensors`` keyed like the local state (e.g. optimizer state by parameter name) in
+        the plain layout. Collective under FSDP (each sharded tensor is gathered)."""
+
+    def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
+             local: Mapping[str, Sequence[LocalPiece]]) -> None:
+        """Copy full-coordinate pieces (``entries``, by piece name) into ``dst`` (local keys:
+        this rank's storage of each tensor), ``local`` saying where each piece sits."""
 
 
 class ReducerBackend:
@@ -114,6 +125,15 @@ class ReducerBackend:
 
     def local_state(self) -> dict[str, torch.Tensor]:
         return dict(self.module.state_dict())
+
+    def plain(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(tensors)
+
+    def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
+             local: Mapping[str, Sequence[LocalPiece]]) -> None:
+        for key, t in dst.items():
+            for lp in local[key]:
+                lp.view(t).copy_(entries[lp.piece.name])
 
 
 class FSDPBackend:
@@ -201,6 +221,33 @@ class FSDPBackend:
 
     def local_state(self) -> dict[str, torch.Tensor]:
         return ungroup_state(self.module, local_full_state(self.module))
+
+    def plain(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self._no_groups()
+        # full_tensor is a collective over each tensor's holder mesh; callers pass tensors in
+        # parameter order ([Note: one global order] in runtime.fsdp)
+        return {k: t.full_tensor() if isinstance(t, DTensor) else t for k, t in tensors.items()}
+
+    def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
+             local: Mapping[str, Sequence[LocalPiece]]) -> None:
+        self._no_groups()
+        for key, t in dst.items():
+            if not isinstance(t, DTensor):  # buffers, frozen blocks (bb-sdp)
+                for lp in local[key]:
+                    lp.view(t).copy_(entries[lp.piece.name])
+                continue
+            # block-level: one whole piece per key; FSDP2 keeps this rank's dim-0 chunk
+            (lp,) = local[key]
+            mesh = t.device_mesh
+            chunk = chunk_views(entries[lp.piece.name], mesh.size())[mesh.get_local_rank()]
+            t.to_local().copy_(chunk)
+
+    def _no_groups(self) -> None:
+        if any(isinstance(m, GroupedLayer) for m in self.module.modules()):
+            raise NotImplementedError(
+                "checkpoints of n-sdp with --fsdp are not built yet (its layers are split "
+                "into per-group parts); checkpoint n-sdp without --fsdp, or b-sdp/bb-sdp "
+                "with --fsdp")
 
 
 def _part_order(module: nn.Module, pieces: Sequence[Piece], held: set[int]) -> list[int]:

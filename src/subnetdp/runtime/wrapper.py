@@ -312,7 +312,7 @@ class SubnetDataParallel(nn.Module):
         holder it is; shared entries on rank 0), so the ranks' shards cover the full model
         exactly once. Values are contiguous CPU copies.
         """
-        src = self.backend.local_state() if tensors is None else dict(tensors)
+        src = self.backend.local_state() if tensors is None else self.backend.plain(tensors)
         return shard(src, self.local, self.plan, rank=self.rank, owned_only=owned_only)
 
     @torch.no_grad()
@@ -324,18 +324,13 @@ class SubnetDataParallel(nn.Module):
         """Fill this rank's local tensors from full-coordinate pieces (the union of shards
         written by ``shard_state``). ``into`` maps local state keys to the tensors to fill
         (default: the module's own state). Raises ``KeyError`` naming the missing pieces."""
-        if self.fsdp:
-            raise NotImplementedError("loading shards into an fsdp-composed model is not built "
-                                      "yet; checkpoints need fsdp off")
         dst = dict(self.module.state_dict()) if into is None else dict(into)
         missing = [lp.piece.name for k in dst for lp in self.local[k]
                    if lp.piece.name not in entries]
         if missing:
             raise KeyError(f"the shards lack {len(missing)} pieces this rank holds, e.g. "
                            f"{missing[:3]}; the checkpoint is incomplete or from another plan")
-        for key, t in dst.items():
-            for lp in self.local[key]:
-                lp.view(t).copy_(entries[lp.piece.name])
+        self.backend.fill(dst, entries, self.local)
 
 
 def _default_device() -> torch.device:
