@@ -29,6 +29,7 @@ TINY = {"recipe": "llama-tiny", "world": 4, "batch": 2, "seq": 32,
 COMPOSED = [{"strategy": "b-sdp", "fsdp": True}, {"strategy": "bb-sdp", "fsdp": True},
             {"strategy": "b-sdp", "fsdp": True, "ac": True, "dtype": "bf16-mixed"},
             {"strategy": "bb-sdp", "fsdp": True, "dtype": "bf16-mixed"},
+            {"strategy": "n-sdp", "fsdp": True}, {"strategy": "n-sdp", "fsdp": True, "ac": True},
             {"strategy": "b-sdp", "ac": True}, {"strategy": "b-sdp", "dtype": "bf16-mixed"},
             {"strategy": "ddp", "dtype": "bf16-mixed"},
             {"strategy": "fsdp+ac", "dtype": "bf16-mixed"}]

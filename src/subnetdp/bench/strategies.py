@@ -45,10 +45,8 @@ from subnetdp.strategy import (
 )
 from subnetdp.subnet.planning import plan_for
 
-# SDP strategies the benchmarks compose with FSDP: block-level ones. nb-sdp does not compose by
-# design (strategy.Strategy.composes_with_fsdp); n-sdp + FSDP runs in the runtime, but its
-# analytic bytes (estimate.analytic_state, comm.analytic_comm) need its shard layout first.
-FSDP_COMPOSABLE = ("b-sdp", "bb-sdp")
+# SDP strategies the benchmarks compose with FSDP (strategy.Strategy.composes_with_fsdp).
+FSDP_COMPOSABLE = ("b-sdp", "bb-sdp", "n-sdp")
 OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq, each as wide as its parameter
 
 
@@ -100,7 +98,7 @@ class BenchSpec:
                              f"name ({', '.join(BASELINES)}), not {self.strategy!r} + flags")
         if self.fsdp and self.strategy not in FSDP_COMPOSABLE:
             raise ValueError(f"{self.strategy} + fsdp is not benchmarked (nb-sdp does not compose "
-                             f"with FSDP; n-sdp's is not built yet); use one of {FSDP_COMPOSABLE}")
+                             f"with FSDP); use one of {FSDP_COMPOSABLE}")
         self.composition().check(strategy)
 
     @property
