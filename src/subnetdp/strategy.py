@@ -160,7 +160,8 @@ def label(strategy: Strategy, comp: Composition, coverage: float | None = None) 
         name = base + ("+ac" if comp.ac else "")
         return name if comp.ddp_bucket_view else f"{name} (default buckets)"
     name = strategy.name + ("+fsdp" if comp.fsdp else "") + ("+ac" if comp.ac else "")
-    return name if coverage is None else f"{name} (C={coverage:g})"
+    name = name if coverage is None else f"{name} (C={coverage:g})"
+    return name if comp.fsdp_prefetch or not comp.fsdp else f"{name} (no prefetch)"
 
 
 BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")

@@ -84,6 +84,7 @@ class BenchSpec:
     balance: str = "params"
     capacities: tuple[float, ...] | None = None
     min_holders: int = 1
+    fsdp_prefetch: bool = True  # SDP + FSDP: prefetch adjacent held blocks (runtime.fsdp)
 
     def __post_init__(self) -> None:
         strategy, _ = parse_label(self.strategy)
@@ -109,7 +110,8 @@ class BenchSpec:
     def composition(self) -> Composition:
         _, named = parse_label(self.strategy)  # a baseline's fsdp/ac are in its name
         return Composition(fsdp=self.fsdp or named.fsdp, ac=self.ac or named.ac,
-                           dtype=self.dtype, bucket_cap_mb=self.bucket_cap_mb)
+                           dtype=self.dtype, bucket_cap_mb=self.bucket_cap_mb,
+                           fsdp_prefetch=self.fsdp_prefetch)
 
     @property
     def is_sdp(self) -> bool:
