@@ -46,12 +46,6 @@ class Strategy:
         return self.level == "block" and self.masking == "forward"
 
     @property
-    def composes_with_fsdp(self) -> bool:
-        # nb-sdp: a partly held layer inside a frozen full layer would need one FSDP mesh per
-        # neuron group of the same parameter.
-        return not (self.neuron_level and self.backward_masked)
-
-    @property
     def default_output_scaling(self) -> str:
         """n-sdp scales kept hidden units by 1/keep-rate while training (measured: see
         ``subnet.scaling``); nothing else scales."""
@@ -129,10 +123,6 @@ class Composition:
         if self.reduce_dtype is not None and not self.fsdp:
             raise ValueError("--reduce-dtype needs --fsdp (without it gradients are averaged "
                              "in the master dtype)")
-        if self.fsdp and not strategy.composes_with_fsdp:
-            raise ValueError(f"--fsdp does not compose with {strategy.name} (a partly held "
-                             "layer would need one FSDP mesh per neuron group); use n-sdp, "
-                             "b-sdp or bb-sdp")
         if self.output_scaling not in (None, *OUTPUT_SCALINGS):
             raise ValueError(f"--output-scaling must be one of {', '.join(OUTPUT_SCALINGS)}, "
                              f"got {self.output_scaling!r}")

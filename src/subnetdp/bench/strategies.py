@@ -45,8 +45,6 @@ from subnetdp.strategy import (
 )
 from subnetdp.subnet.planning import plan_for
 
-# SDP strategies the benchmarks compose with FSDP (strategy.Strategy.composes_with_fsdp).
-FSDP_COMPOSABLE = ("b-sdp", "bb-sdp", "n-sdp")
 OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq, each as wide as its parameter
 
 
@@ -97,9 +95,6 @@ class BenchSpec:
         if (self.fsdp or self.ac) and not strategy.is_sdp:
             raise ValueError(f"fsdp/ac compose SDP strategies; for the baseline use the strategy "
                              f"name ({', '.join(BASELINES)}), not {self.strategy!r} + flags")
-        if self.fsdp and self.strategy not in FSDP_COMPOSABLE:
-            raise ValueError(f"{self.strategy} + fsdp is not benchmarked (nb-sdp does not compose "
-                             f"with FSDP); use one of {FSDP_COMPOSABLE}")
         self.composition().check(strategy)
 
     @property

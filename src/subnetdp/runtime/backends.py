@@ -147,25 +147,30 @@ class FSDPBackend:
     ) -> None:
         self.module = module
         held_set = set(held)
-        if strategy.backward_masked:  # freeze what this rank does not hold (whole blocks:
-            backward_trainable(module, local, held_set, _no_slices)  # no slice parameters)
-        units = list(enumerate(unit_modules(module, adapter)))
-        if strategy.neuron_level:  # the per-group parts of grouped layers
-            shardable = [(u, part) for layer in module.modules() if isinstance(layer, GroupedLayer)
-                         for u, part in zip(layer.units, layer.parts, strict=True)]
-            module_units = _part_order(module, pieces, held_set)
+        # The FSDP units: blocks, or under n-sdp/nb-sdp the per-group parts of grouped layers
+        # (nb-sdp keeps every group's part, [Note: nb-sdp] in runtime.fsdp).
+        if strategy.neuron_level:
+            units = [(u, part) for layer in module.modules() if isinstance(layer, GroupedLayer)
+                     for u, part in zip(layer.units, layer.parts, strict=True)]
+            local_units = {u for u, _ in units}
+            module_units = _part_order(module, pieces, local_units)
         else:
-            shardable = [(u, block) for u, (_, block) in units if u in held_set]
+            units = [(u, block) for u, (_, block) in enumerate(unit_modules(module, adapter))]
             module_units = list(range(plan.num_units))
+        if strategy.backward_masked:  # non-held units stay whole, frozen, and run forward only
+            for u, m in units:
+                if u not in held_set:
+                    m.requires_grad_(False)
+        shardable = [(u, m) for u, m in units if u in held_set]
         mode = ADJACENT if prefetch else OFF
         check_fsdp_schedule(plan, module_units, reshard_after_forward=not strategy.neuron_level,
                             prefetch=mode, refresh=strategy.backward_masked)
         frozen = [p for p in module.parameters() if not p.requires_grad]
         if strategy.backward_masked and param_dtype is not None:
             # non-held copies only ever run forward (in param_dtype): store them narrow
-            for u, (_, block) in units:
+            for u, m in units:
                 if u not in held_set:
-                    block.to(param_dtype)
+                    m.to(param_dtype)
         # FSDP would reduce in param_dtype when reduce_dtype is None; we promise fp32
         if reduce_dtype is None and param_dtype is not None:
             reduce_dtype = torch.float32
@@ -183,7 +188,7 @@ class FSDPBackend:
         )
         self.stats = CommStats(collective="fsdp")
         self.refresher: Refresher | ShardRefresher | None = (
-            ShardRefresher([(u, block) for u, (_, block) in units], plan, rank=rank)
+            ShardRefresher(units, plan, rank=rank)
             if strategy.backward_masked else None
         )
         self._sync = True
@@ -267,10 +272,6 @@ def _part_order(module: nn.Module, pieces: Sequence[Piece], held: set[int]) -> l
                                    f"plan's order {full}")
             order += full
     return order
-
-
-def _no_slices(p: nn.Parameter) -> None:
-    raise RuntimeError("internal: a slice parameter under fsdp (nb-sdp does not compose)")
 
 
 def on_backward_end(out: Any, callback: Any) -> None:

@@ -29,8 +29,14 @@ reduce-scatter, and backward issues reduce-scatters only. Parameters are then sh
 steps and gathered during one (ZeRO-2-like within a step); gradients and optimizer state,
 three quarters of the per-parameter bytes under AdamW, stay sharded.
 
-Backward masking (bb-sdp): non-held blocks stay whole and frozen on every worker (ignored by
-FSDP). Refresh is point to point from every holder's *shard*: holder i of a unit sends its
+[Note: nb-sdp]
+Under nb-sdp every worker keeps the full width (backward masking), so every grouped layer has a
+part for every neuron group: the held groups' parts are sharded over their holders like
+n-sdp's, the others stay whole and frozen (ignored by FSDP) and are refreshed like bb-sdp's
+blocks below. One FSDP mesh per group of the same layer is then just one per part.
+
+Backward masking (bb-sdp, nb-sdp): non-held blocks (parts) stay whole and frozen on every
+worker (ignored by FSDP). Refresh is point to point from every holder's *shard*: holder i of a unit sends its
 FSDP shard (dim-0 chunk i) to each non-holder, which writes it into the same chunk of its
 frozen copy. Traffic equals the owner-sends-all refresh of the plain runtime, spread over
 holders.
