@@ -117,6 +117,7 @@ def _sdp(
         bucket_cap_mb=comp.bucket_cap_mb, output_scaling=comp.output_scaling,
         refresh_every=comp.refresh_every, fsdp=comp.fsdp, activation_checkpointing=comp.ac,
         param_dtype=compute_dtype(comp), reduce_dtype=reduce_dtype(comp) if comp.fsdp else None,
+        fsdp_prefetch=comp.fsdp_prefetch,
     )
 
 

@@ -46,12 +46,6 @@ class Strategy:
         return self.level == "block" and self.masking == "forward"
 
     @property
-    def composes_with_fsdp(self) -> bool:
-        # nb-sdp: a partly held layer inside a frozen full layer would need one FSDP mesh per
-        # neuron group of the same parameter.
-        return not (self.neuron_level and self.backward_masked)
-
-    @property
     def default_output_scaling(self) -> str:
         """n-sdp scales kept hidden units by 1/keep-rate while training (measured: see
         ``subnet.scaling``); nothing else scales."""
@@ -105,7 +99,9 @@ class Composition:
     gradients in (None: the master dtype); ``ddp_bucket_view``: torch DDP writes gradients
     straight into its buckets (one gradient copy, like subnetdp's reducer: the fair
     baseline); False is torch's default, a second gradient copy, only ever as a labelled
-    extra baseline; ``output_scaling``: None = the strategy's default."""
+    extra baseline; ``output_scaling``: None = the strategy's default; ``fsdp_prefetch``:
+    SDP + FSDP2 prefetches the adjacent held block (``runtime.fsdp``, [Note: one global
+    order]); False issues every all-gather when its block runs."""
 
     fsdp: bool = False
     ac: bool = False
@@ -115,6 +111,7 @@ class Composition:
     output_scaling: str | None = None
     refresh_every: int = 1
     ddp_bucket_view: bool = True
+    fsdp_prefetch: bool = True
 
     def check(self, strategy: Strategy) -> None:
         """Refuse combinations that cannot be built, with a message that says what to do."""
@@ -126,10 +123,6 @@ class Composition:
         if self.reduce_dtype is not None and not self.fsdp:
             raise ValueError("--reduce-dtype needs --fsdp (without it gradients are averaged "
                              "in the master dtype)")
-        if self.fsdp and not strategy.composes_with_fsdp:
-            raise ValueError(f"--fsdp does not compose with {strategy.name} (a partly held "
-                             "layer would need one FSDP mesh per neuron group); use n-sdp, "
-                             "b-sdp or bb-sdp")
         if self.output_scaling not in (None, *OUTPUT_SCALINGS):
             raise ValueError(f"--output-scaling must be one of {', '.join(OUTPUT_SCALINGS)}, "
                              f"got {self.output_scaling!r}")
@@ -157,7 +150,8 @@ def label(strategy: Strategy, comp: Composition, coverage: float | None = None) 
         name = base + ("+ac" if comp.ac else "")
         return name if comp.ddp_bucket_view else f"{name} (default buckets)"
     name = strategy.name + ("+fsdp" if comp.fsdp else "") + ("+ac" if comp.ac else "")
-    return name if coverage is None else f"{name} (C={coverage:g})"
+    name = name if coverage is None else f"{name} (C={coverage:g})"
+    return name if comp.fsdp_prefetch or not comp.fsdp else f"{name} (no prefetch)"
 
 
 BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")

@@ -92,7 +92,8 @@ def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: fl
 
 
 @pytest.mark.parametrize(("strategy", "name"), [("b-sdp", "llama"), ("bb-sdp", "llama"),
-                                                ("n-sdp", "llama"), ("n-sdp", "resnet")])
+                                                ("n-sdp", "llama"), ("n-sdp", "resnet"),
+                                                ("nb-sdp", "llama"), ("nb-sdp", "resnet")])
 def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
     plan = _plan(strategy, name=name)
     plain = _run(strategy, {}, plan, name=name)
@@ -110,7 +111,7 @@ def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
     # for n-sdp's neuron groups, which stay gathered: runtime.fsdp [Note: neuron groups]) and
     # reduce-scattered once over its holders; the shared parameters gathered once (the root
     # stays unsharded until backward) and reduce-scattered once over the world
-    gathers = 1 if strategy == "n-sdp" else 2
+    gathers = 1 if strategy in ("n-sdp", "nb-sdp") else 2
     for rank, r in enumerate(sharded):
         units = sum(plan.units[u].size for u in plan.held_units(rank)
                     if len(plan.holders(u)) > 1)

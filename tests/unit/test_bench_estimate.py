@@ -29,6 +29,8 @@ TINY = {"recipe": "llama-tiny", "world": 4, "batch": 2, "seq": 32,
 COMPOSED = [{"strategy": "b-sdp", "fsdp": True}, {"strategy": "bb-sdp", "fsdp": True},
             {"strategy": "b-sdp", "fsdp": True, "ac": True, "dtype": "bf16-mixed"},
             {"strategy": "bb-sdp", "fsdp": True, "dtype": "bf16-mixed"},
+            {"strategy": "n-sdp", "fsdp": True}, {"strategy": "n-sdp", "fsdp": True, "ac": True},
+            {"strategy": "nb-sdp", "fsdp": True},
             {"strategy": "b-sdp", "ac": True}, {"strategy": "b-sdp", "dtype": "bf16-mixed"},
             {"strategy": "ddp", "dtype": "bf16-mixed"},
             {"strategy": "fsdp+ac", "dtype": "bf16-mixed"}]
@@ -143,8 +145,6 @@ def test_composition_labels_and_flags(capsys) -> None:  # type: ignore[no-untype
     for argv in (["--strategy", "ddp", "--fsdp", "--ac"], ["--strategy", "fsdp+ac"]):
         assert main([*args, *argv, "--json"]) == 0
         assert '"label": "fsdp+ac"' in capsys.readouterr().out
-    assert main([*args, "--strategy", "nb-sdp", "--fsdp"]) == 2
-    assert "does not compose with nb-sdp" in capsys.readouterr().err
 
 
 def test_bad_spec_says_how_to_fix() -> None:
@@ -152,8 +152,6 @@ def test_bad_spec_says_how_to_fix() -> None:
         BenchSpec(strategy="zero", **TINY)
     with pytest.raises(ValueError, match=r"fsdp\+ac"):
         BenchSpec(strategy="fsdp", ac=True, **TINY)
-    with pytest.raises(ValueError, match="nb-sdp does not compose"):
-        BenchSpec(strategy="nb-sdp", fsdp=True, coverage=0.5, **TINY)
     with pytest.raises(ValueError, match="dtype"):
         BenchSpec(strategy="ddp", dtype="fp16", **TINY)
     with pytest.raises(ValueError, match="max_seq_len"):

@@ -18,7 +18,7 @@ from typing import Any
 
 from subnetdp.bench.comm import analytic_comm, worst_comm
 from subnetdp.bench.estimate import estimate_memory
-from subnetdp.bench.strategies import FSDP_COMPOSABLE, BenchSpec, meta_model
+from subnetdp.bench.strategies import BenchSpec, meta_model
 from subnetdp.strategy import BASELINES, SDP_NAMES
 
 GiB = float(1 << 30)
@@ -64,13 +64,11 @@ def plan_budget(
 ) -> list[Option]:
     """Options for ``base`` (recipe, world, batch, seq, dtype), best first; each SDP strategy
     contributes its highest fitting coverage (or its lowest tried one, marked not fitting).
-    ``fsdp``/``ac`` compose the SDP strategies (baselines keep theirs: ``fsdp+ac``...); with
-    ``fsdp`` the default list leaves out the SDP strategies that do not compose with it."""
+    ``fsdp``/``ac`` compose the SDP strategies (baselines keep theirs: ``fsdp+ac``...)."""
     if memory_gb <= 0:
         raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
     budget = int(memory_gb * GB)
-    chosen = strategies or (*BASELINES, *(s for s in SDP_NAMES
-                                          if not fsdp or s in FSDP_COMPOSABLE))
+    chosen = strategies or (*BASELINES, *SDP_NAMES)
     options: list[Option] = []
     for strategy in chosen:
         spec = base.replace(strategy=strategy, coverage=1.0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from subnetdp.bench.estimate import fsdp_unit_shapes
 from subnetdp.bench.strategies import BenchSpec, make_bench_plan, meta_model
 from subnetdp.metrics.comm import allreduce_record, group_key, ring_bytes
 from subnetdp.plan import Plan
@@ -78,20 +79,21 @@ def _fsdp_rank(spec: BenchSpec, meta: Any, recipe: Any) -> dict[str, Any]:
 
 def _sdp_fsdp_rank(spec: BenchSpec, plan: Plan, meta: Any, recipe: Any,
                    rank: int) -> dict[str, Any]:
-    """Per group: (gathered elements, reduce-scattered elements) of one step on ``rank``."""
-    blocks = unit_modules(meta, recipe.adapter)
+    """Per group: (gathered elements, reduce-scattered elements) of one step on ``rank``:
+    blocks are gathered twice (forward, and again for backward after resharding), n-sdp's
+    parts once (kept gathered through backward, [Note: neuron groups] in runtime.fsdp)."""
+    shapes, shared_shapes = fsdp_unit_shapes(meta, recipe.adapter, plan, spec.strategy_value)
+    gathers = 1 if spec.strategy_value.neuron_level else 2
     everyone = tuple(range(plan.world))
-    in_block = {id(p) for _, b in blocks for p in b.parameters()}
-    shared = sum(_padded_numel(tuple(p.shape), plan.world) for p in meta.parameters()
-                 if id(p) not in in_block)
+    shared = sum(_padded_numel(s, plan.world) for s in shared_shapes)
     elems: dict[tuple[int, ...], tuple[int, int]] = {everyone: (shared, shared)}
     for u in plan.held_units(rank):
         holders = tuple(sorted(plan.holders(u)))
         if len(holders) < 2:
             continue
-        n = sum(_padded_numel(tuple(p.shape), len(holders)) for p in blocks[u][1].parameters())
+        n = sum(_padded_numel(s, len(holders)) for s in shapes[u])
         g, s = elems.get(holders, (0, 0))
-        elems[holders] = (g + 2 * n, s + n)
+        elems[holders] = (g + gathers * n, s + n)
     return _gather_scatter_record(spec, elems)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from subnetdp.bench.strategies import (
     OPTIMIZER_STATES,
@@ -45,6 +46,10 @@ from subnetdp.bench.strategies import (
 from subnetdp.metrics.memory import CATEGORIES
 from subnetdp.parallelize import storage_dtype
 from subnetdp.plan import Plan, worker_bytes
+from subnetdp.strategy import Strategy
+from subnetdp.subnet.adapter import UnitAdapter
+from subnetdp.subnet.match import match_plan
+from subnetdp.subnet.pieces import full_pieces
 from subnetdp.subnet.units import unit_modules
 
 GiB = float(1 << 30)
@@ -244,20 +249,17 @@ def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, i
 
 class FsdpLayout:
     """Where an SDP+FSDP rank's parameter elements are (``runtime.fsdp.shard_blocks``): each
-    held unit's parameters cut along dim 0 over the unit's holders (the rank's position in the
-    sorted holder tuple is its mesh coordinate), the shared parameters over the world; under
-    backward masking the non-held units stay whole, frozen, and (mixed precision) stored in
-    the compute dtype. Block-level strategies only (units are the adapter's blocks)."""
+    held unit's FSDP parameters cut along dim 0 over the unit's holders (the rank's position
+    in the sorted holder tuple is its mesh coordinate), the shared parameters over the world;
+    under backward masking the non-held units stay whole, frozen, and (mixed precision) stored
+    in the compute dtype. A unit's FSDP parameters are its block's (block level) or, under
+    n-sdp, its neuron group's slice of every layer it splits (``runtime.grouped``'s parts)."""
 
     def __init__(self, spec: BenchSpec, plan: Plan) -> None:
         recipe, meta = meta_model(spec)
-        blocks = unit_modules(meta, recipe.adapter)
-        if len(blocks) != plan.num_units:
-            raise ValueError(f"{spec.strategy}: plan units are not the model's blocks")
         self.spec, self.plan = spec, plan
-        self.shapes = [[tuple(p.shape) for p in block.parameters()] for _, block in blocks]
-        in_block = {id(p) for _, block in blocks for p in block.parameters()}
-        self.shared = [tuple(p.shape) for p in meta.parameters() if id(p) not in in_block]
+        self.shapes, self.shared = fsdp_unit_shapes(meta, recipe.adapter, plan,
+                                                    spec.strategy_value)
 
     def unit_shard(self, u: int, rank: int) -> int:
         holders = sorted(self.plan.holders(u))
@@ -291,6 +293,31 @@ class FsdpLayout:
         held = sorted((self.plan.units[u].size, len(self.plan.holders(u)),
                        self.unit_shard(u, rank)) for u in self.plan.held_units(rank))
         return (tuple(held), self.shared_shard(rank))
+
+
+def fsdp_unit_shapes(
+    meta: nn.Module, adapter: UnitAdapter, plan: Plan, strategy: Strategy,
+) -> tuple[list[list[tuple[int, ...]]], list[tuple[int, ...]]]:
+    """The parameter shapes FSDP shards per unit (over its holders) and over the world."""
+    if strategy.neuron_level:
+        pieces = full_pieces(meta, [u.name for u in plan.units],
+                             match_plan(plan, meta, adapter, strategy))
+        shapes: list[list[tuple[int, ...]]] = [[] for _ in plan.units]
+        shared = []
+        for piece in pieces:
+            if not piece.is_param or piece.tied_to is not None:
+                continue
+            if piece.unit is None:
+                shared.append(piece.shape)
+            else:
+                shapes[piece.unit].append(piece.shape)
+        return shapes, shared
+    blocks = unit_modules(meta, adapter)
+    if len(blocks) != plan.num_units:
+        raise ValueError(f"{strategy.name}: plan units are not the model's blocks")
+    in_block = {id(p) for _, block in blocks for p in block.parameters()}
+    return ([[tuple(p.shape) for p in block.parameters()] for _, block in blocks],
+            [tuple(p.shape) for p in meta.parameters() if id(p) not in in_block])
 
 
 def fsdp_shard_numel(shape: tuple[int, ...], world: int, rank: int) -> int:

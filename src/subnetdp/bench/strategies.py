@@ -45,10 +45,6 @@ from subnetdp.strategy import (
 )
 from subnetdp.subnet.planning import plan_for
 
-# SDP strategies the benchmarks compose with FSDP: block-level ones. nb-sdp does not compose by
-# design (strategy.Strategy.composes_with_fsdp); n-sdp + FSDP runs in the runtime, but its
-# analytic bytes (estimate.analytic_state, comm.analytic_comm) need its shard layout first.
-FSDP_COMPOSABLE = ("b-sdp", "bb-sdp")
 OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq, each as wide as its parameter
 
 
@@ -86,6 +82,7 @@ class BenchSpec:
     balance: str = "params"
     capacities: tuple[float, ...] | None = None
     min_holders: int = 1
+    fsdp_prefetch: bool = True  # SDP + FSDP: prefetch adjacent held blocks (runtime.fsdp)
 
     def __post_init__(self) -> None:
         strategy, _ = parse_label(self.strategy)
@@ -98,9 +95,6 @@ class BenchSpec:
         if (self.fsdp or self.ac) and not strategy.is_sdp:
             raise ValueError(f"fsdp/ac compose SDP strategies; for the baseline use the strategy "
                              f"name ({', '.join(BASELINES)}), not {self.strategy!r} + flags")
-        if self.fsdp and self.strategy not in FSDP_COMPOSABLE:
-            raise ValueError(f"{self.strategy} + fsdp is not benchmarked (nb-sdp does not compose "
-                             f"with FSDP; n-sdp's is not built yet); use one of {FSDP_COMPOSABLE}")
         self.composition().check(strategy)
 
     @property
@@ -111,7 +105,8 @@ class BenchSpec:
     def composition(self) -> Composition:
         _, named = parse_label(self.strategy)  # a baseline's fsdp/ac are in its name
         return Composition(fsdp=self.fsdp or named.fsdp, ac=self.ac or named.ac,
-                           dtype=self.dtype, bucket_cap_mb=self.bucket_cap_mb)
+                           dtype=self.dtype, bucket_cap_mb=self.bucket_cap_mb,
+                           fsdp_prefetch=self.fsdp_prefetch)
 
     @property
     def is_sdp(self) -> bool:

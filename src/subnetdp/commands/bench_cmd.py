@@ -73,13 +73,11 @@ def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
 
 
 def _strategies(args: argparse.Namespace) -> list[str]:
-    from subnetdp.bench.strategies import FSDP_COMPOSABLE
     from subnetdp.strategy import BASELINES, SDP_NAMES
 
     if args.strategies:
         return list(args.strategies)
-    # with --fsdp: those that compose with it, and the baselines
-    return [*BASELINES, *(s for s in SDP_NAMES if not args.fsdp or s in FSDP_COMPOSABLE)]
+    return [*BASELINES, *SDP_NAMES]
 
 
 def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

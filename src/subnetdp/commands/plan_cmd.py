@@ -40,6 +40,9 @@ from subnetdp.plan import (
     units_for_coverage,
     worker_bytes,
 )
+from subnetdp.plan.schedule import ADJACENT, PREFETCH, ScheduleError, plan_schedules
+from subnetdp.plan.schedule import check as check_schedule
+from subnetdp.plan.schedule import summary as schedule_summary
 from subnetdp.strategy import MASTER_BYTES, get_strategy
 
 
@@ -79,6 +82,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--save", metavar="FILE", help="also write the plan as JSON to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--check-schedule", action="store_true",
+                   help="check that every rank's collectives (FSDP all-gathers and "
+                        "reduce-scatters with prefetch under --fsdp, else the reducer's "
+                        "buckets) admit one global order, i.e. cannot deadlock")
+    p.add_argument("--prefetch", choices=PREFETCH, default=ADJACENT,
+                   help="--check-schedule --fsdp: the prefetch to check: adjacent (what "
+                        "subnetdp runs), off, or default (FSDP2's own, which can deadlock)")
     budget = p.add_argument_group(
         "memory budget (subnetdp.bench.budget / .hetero; needs --recipe, and --world "
         "with one budget)",
@@ -403,8 +413,20 @@ def run(args: argparse.Namespace) -> int:
     rep = report(plan, recipe, param_bytes=MASTER_BYTES[args.dtype],
                  optimizer_states=args.optimizer_states,
                  masking=get_strategy(args.strategy).cost_masking, costs=costs)
+    if args.check_schedule:
+        strategy = get_strategy(args.strategy)
+        schedules = plan_schedules(plan, fsdp=args.fsdp, neuron_level=strategy.neuron_level,
+                                   backward_masked=strategy.backward_masked,
+                                   prefetch=args.prefetch)
+        try:
+            check_schedule(schedules)
+        except ScheduleError as e:
+            print(f"subnetdp plan: error: {e}", file=sys.stderr)
+            return 2
+        rep["schedule"] = schedule_summary(schedules)
     if args.json:
         print(json.dumps(rep))
     else:
-        print(format_table(rep) + ("\n" + format_costs(rep) if costs is not None else ""))
+        print(format_table(rep) + ("\n" + format_costs(rep) if costs is not None else "")
+              + (f"\n{rep['schedule']}" if "schedule" in rep else ""))
     return 0

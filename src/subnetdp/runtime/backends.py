@@ -17,11 +17,15 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor
 
 from subnetdp.plan import Plan
+from subnetdp.plan.schedule import ADJACENT, OFF, check, reducer_schedule
 from subnetdp.runtime.assemble import owns
 from subnetdp.runtime.fsdp import (
     ShardRefresher,
+    check_fsdp_schedule,
+    chunk_views,
     local_full_state,
     local_grad_sq_norm,
     local_tensor,
@@ -57,6 +61,15 @@ class Backend(Protocol):
     def local_state(self) -> dict[str, torch.Tensor]:
         """The local model's state in its plain (unsharded, ungrouped) layout."""
 
+    def plain(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tensors`` keyed like the local state (e.g. optimizer state by parameter name) in
+        the plain layout. Collective under FSDP (each sharded tensor is gathered)."""
+
+    def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
+             local: Mapping[str, Sequence[LocalPiece]]) -> None:
+        """Copy full-coordinate pieces (``entries``, by piece name) into ``dst`` (local keys:
+        this rank's storage of each tensor), ``local`` saying where each piece sits."""
+
 
 class ReducerBackend:
     """Holders keep whole copies; the reducer averages buckets over holder groups."""
@@ -77,6 +90,10 @@ class ReducerBackend:
             external=self.trainable.external,
         )
         self.stats = self.reducer.stats
+        buckets = [(s.holders, f"bucket {i} ({s.names[0]}, ...)")
+                   for i, s in enumerate(self.reducer.specs)]
+        check({r: reducer_schedule(plan, r, buckets, refresh=strategy.backward_masked)
+               for r in range(plan.world)})  # safe by construction; checked all the same
         # The trainable pieces this rank owns: each counted once in the full model's grad norm.
         self._owned = [(p, lp) for key, p in self.trainable.params.items()
                        for lp in self.trainable.local[key] if owns(lp.piece, plan, rank)]
@@ -109,32 +126,51 @@ class ReducerBackend:
     def local_state(self) -> dict[str, torch.Tensor]:
         return dict(self.module.state_dict())
 
+    def plain(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return dict(tensors)
+
+    def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
+             local: Mapping[str, Sequence[LocalPiece]]) -> None:
+        for key, t in dst.items():
+            for lp in local[key]:
+                lp.view(t).copy_(entries[lp.piece.name])
+
 
 class FSDPBackend:
     """Each held unit sharded over its holders with FSDP2; shared parameters over the world."""
 
     def __init__(
         self, module: nn.Module, *, plan: Plan, rank: int, groups: HolderGroups,
-        adapter: UnitAdapter, local: Mapping[str, Sequence[LocalPiece]], held: Sequence[int],
-        strategy: Strategy, param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None,
-        device: torch.device,
+        adapter: UnitAdapter, pieces: Sequence[Piece], local: Mapping[str, Sequence[LocalPiece]],
+        held: Sequence[int], strategy: Strategy, param_dtype: torch.dtype | None,
+        reduce_dtype: torch.dtype | None, device: torch.device, prefetch: bool = True,
     ) -> None:
         self.module = module
         held_set = set(held)
-        if strategy.backward_masked:  # freeze what this rank does not hold (whole blocks:
-            backward_trainable(module, local, held_set, _no_slices)  # no slice parameters)
-        units = list(enumerate(unit_modules(module, adapter)))
-        if strategy.neuron_level:  # the per-group parts of grouped layers
-            shardable = [(u, part) for layer in module.modules() if isinstance(layer, GroupedLayer)
-                         for u, part in zip(layer.units, layer.parts, strict=True)]
+        # The FSDP units: blocks, or under n-sdp/nb-sdp the per-group parts of grouped layers
+        # (nb-sdp keeps every group's part, [Note: nb-sdp] in runtime.fsdp).
+        if strategy.neuron_level:
+            units = [(u, part) for layer in module.modules() if isinstance(layer, GroupedLayer)
+                     for u, part in zip(layer.units, layer.parts, strict=True)]
+            local_units = {u for u, _ in units}
+            module_units = _part_order(module, pieces, local_units)
         else:
-            shardable = [(u, block) for u, (_, block) in units if u in held_set]
+            units = [(u, block) for u, (_, block) in enumerate(unit_modules(module, adapter))]
+            module_units = list(range(plan.num_units))
+        if strategy.backward_masked:  # non-held units stay whole, frozen, and run forward only
+            for u, m in units:
+                if u not in held_set:
+                    m.requires_grad_(False)
+        shardable = [(u, m) for u, m in units if u in held_set]
+        mode = ADJACENT if prefetch else OFF
+        check_fsdp_schedule(plan, module_units, reshard_after_forward=not strategy.neuron_level,
+                            prefetch=mode, refresh=strategy.backward_masked)
         frozen = [p for p in module.parameters() if not p.requires_grad]
         if strategy.backward_masked and param_dtype is not None:
             # non-held copies only ever run forward (in param_dtype): store them narrow
-            for u, (_, block) in units:
+            for u, m in units:
                 if u not in held_set:
-                    block.to(param_dtype)
+                    m.to(param_dtype)
         # FSDP would reduce in param_dtype when reduce_dtype is None; we promise fp32
         if reduce_dtype is None and param_dtype is not None:
             reduce_dtype = torch.float32
@@ -145,13 +181,14 @@ class FSDPBackend:
             module, shardable, plan, groups, device_type=device.type, mp_policy=policy,
             frozen=frozen,
             reshard_after_forward=not strategy.neuron_level,  # [Note: neuron groups]
+            prefetch=mode,
         )
         self.trainable = Trainable(
             {k: p for k, p in module.named_parameters() if p.requires_grad}, {}
         )
         self.stats = CommStats(collective="fsdp")
         self.refresher: Refresher | ShardRefresher | None = (
-            ShardRefresher([(u, block) for u, (_, block) in units], plan, rank=rank)
+            ShardRefresher(units, plan, rank=rank)
             if strategy.backward_masked else None
         )
         self._sync = True
@@ -190,9 +227,51 @@ class FSDPBackend:
     def local_state(self) -> dict[str, torch.Tensor]:
         return ungroup_state(self.module, local_full_state(self.module))
 
+    def plain(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self._no_groups()
+        # full_tensor is a collective over each tensor's holder mesh; callers pass tensors in
+        # parameter order ([Note: one global order] in runtime.fsdp)
+        return {k: t.full_tensor() if isinstance(t, DTensor) else t for k, t in tensors.items()}
 
-def _no_slices(p: nn.Parameter) -> None:
-    raise RuntimeError("internal: a slice parameter under fsdp (nb-sdp does not compose)")
+    def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
+             local: Mapping[str, Sequence[LocalPiece]]) -> None:
+        self._no_groups()
+        for key, t in dst.items():
+            if not isinstance(t, DTensor):  # buffers, frozen blocks (bb-sdp)
+                for lp in local[key]:
+                    lp.view(t).copy_(entries[lp.piece.name])
+                continue
+            # block-level: one whole piece per key; FSDP2 keeps this rank's dim-0 chunk
+            (lp,) = local[key]
+            mesh = t.device_mesh
+            chunk = chunk_views(entries[lp.piece.name], mesh.size())[mesh.get_local_rank()]
+            t.to_local().copy_(chunk)
+
+    def _no_groups(self) -> None:
+        if any(isinstance(m, GroupedLayer) for m in self.module.modules()):
+            raise NotImplementedError(
+                "checkpoints of n-sdp with --fsdp are not built yet (its layers are split "
+                "into per-group parts); checkpoint n-sdp without --fsdp, or b-sdp/bb-sdp "
+                "with --fsdp")
+
+
+def _part_order(module: nn.Module, pieces: Sequence[Piece], held: set[int]) -> list[int]:
+    """The unit of every grouped part of the *full* model in forward order (n-sdp + FSDP):
+    layers in module order, groups in piece order. Each rank's parts are these, filtered to
+    what it holds; checked here for this rank, so the schedule check sees the real order."""
+    units_of: dict[str, list[int]] = {}
+    for piece in pieces:
+        if piece.unit is not None and piece.dim is not None:
+            units_of.setdefault(piece.key, []).append(piece.unit)
+    order: list[int] = []
+    for path, layer in module.named_modules():
+        if isinstance(layer, GroupedLayer):
+            full = units_of[f"{path}.weight" if path else "weight"]
+            if layer.units != [u for u in full if u in held]:
+                raise RuntimeError(f"internal: {path}'s parts {layer.units} are not in the "
+                                   f"plan's order {full}")
+            order += full
+    return order
 
 
 def on_backward_end(out: Any, callback: Any) -> None:

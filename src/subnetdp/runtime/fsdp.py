@@ -8,13 +8,16 @@ Units held by one worker get a one-rank mesh: nothing to exchange, but FSDP stil
 mixed-precision policy to them.
 
 [Note: one global order]
-A collective over a holder group blocks until all its members reach it. Every rank walks its
-blocks in the model's order (forward) and in reverse (backward), the root's shared parameters
-first, so the collectives of any two ranks that share two groups occur in the same relative
-order, and no cycle of waits can form. This holds only without FSDP's backward prefetch,
-whose target (the previous block this rank holds) differs between ranks: it is turned off.
-The same argument covers ``full_tensor`` calls made in parameter order (assembly) and the
-refresh below, which is point to point in one batch.
+A collective over a holder group blocks until all its members reach it, so the ranks'
+collectives must admit one global order. Every rank walks its blocks in the model's order
+(forward) and in reverse (backward), the root's shared parameters first. Prefetch follows the
+rule proved safe by ``plan.schedule`` ([Note: FSDP2's issue order] there): held block j
+prefetches j-1 in backward and j+1 in forward only when this rank holds that block too
+(FSDP2's default backward prefetch, the previous block *this rank* holds, jumps over gaps and
+deadlocks; an empty list means that default, so "no prefetch" is the block itself). Before
+any collective, every rank derives all ranks' schedules from the plan and refuses a schedule
+with a cycle (``check_fsdp_schedule``). The same argument covers ``full_tensor`` calls made in
+parameter order (assembly) and the refresh below, which is point to point in one batch.
 
 [Note: neuron groups]
 Under n-sdp the FSDP units are the per-group parts of a layer (``runtime.grouped``), not
@@ -26,8 +29,14 @@ reduce-scatter, and backward issues reduce-scatters only. Parameters are then sh
 steps and gathered during one (ZeRO-2-like within a step); gradients and optimizer state,
 three quarters of the per-parameter bytes under AdamW, stay sharded.
 
-Backward masking (bb-sdp): non-held blocks stay whole and frozen on every worker (ignored by
-FSDP). Refresh is point to point from every holder's *shard*: holder i of a unit sends its
+[Note: nb-sdp]
+Under nb-sdp every worker keeps the full width (backward masking), so every grouped layer has a
+part for every neuron group: the held groups' parts are sharded over their holders like
+n-sdp's, the others stay whole and frozen (ignored by FSDP) and are refreshed like bb-sdp's
+blocks below. One FSDP mesh per group of the same layer is then just one per part.
+
+Backward masking (bb-sdp, nb-sdp): non-held blocks (parts) stay whole and frozen on every
+worker (ignored by FSDP). Refresh is point to point from every holder's *shard*: holder i of a unit sends its
 FSDP shard (dim-0 chunk i) to each non-holder, which writes it into the same chunk of its
 frozen copy. Traffic equals the owner-sends-all refresh of the plain runtime, spread over
 holders.
@@ -47,6 +56,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from subnetdp.plan import Plan
+from subnetdp.plan.schedule import ADJACENT, OFF, check, fsdp_schedule
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.refresh import exchange
 
@@ -93,12 +103,14 @@ def shard_blocks(
     mp_policy: MixedPrecisionPolicy,
     frozen: Iterable[nn.Parameter] = (),
     reshard_after_forward: bool = True,
+    prefetch: str = ADJACENT,
 ) -> tuple[list[FSDPModule], list[GroupTraffic]]:
     """``fully_shard`` each ``(unit, block)`` over its holders' mesh, in unit order, then the
     root over the world (everything left: the shared parameters). ``frozen`` parameters (non-held
     units under backward masking) stay whole and local. ``reshard_after_forward=False`` keeps
-    each block gathered from its forward to its backward ([Note: neuron groups]). Returns the
-    FSDP modules, root last, and their per-step traffic."""
+    each block gathered from its forward to its backward ([Note: neuron groups]); ``prefetch``
+    (``plan.schedule.ADJACENT`` or ``OFF``) applies to resharded blocks. Returns the FSDP
+    modules, root last, and their per-step traffic."""
     sharded: list[FSDPModule] = []
     traffic: list[GroupTraffic] = []
     ignored = set(frozen)
@@ -109,14 +121,10 @@ def shard_blocks(
         traffic.append(GroupTraffic(plan.holders(u), numel,
                                     gathers=2 if reshard_after_forward else 1))
         mesh = holder_mesh(groups, plan.holders(u), device_type)
-        fsdp_block = fully_shard(block, mesh=mesh, mp_policy=mp_policy,
-                                 reshard_after_forward=reshard_after_forward)
-        # FSDP's default backward prefetch all-gathers the previous block *this rank* holds
-        # before reduce-scattering the current one; ranks holding different blocks would then
-        # meet two shared groups in opposite orders and deadlock. Prefetching itself (already
-        # all-gathered: a no-op) turns it off.
-        fsdp_block.set_modules_to_backward_prefetch([fsdp_block])
-        sharded.append(fsdp_block)
+        sharded.append(fully_shard(block, mesh=mesh, mp_policy=mp_policy,
+                                   reshard_after_forward=reshard_after_forward))
+    _set_prefetch(sharded, [u for u, _ in sorted(blocks, key=lambda b: b[0])],
+                  adjacent=prefetch == ADJACENT and reshard_after_forward)
     everyone = tuple(range(plan.world))
     rest = sum(p.numel() for p in module.parameters()) - in_blocks - sum(
         p.numel() for p in ignored)
@@ -125,6 +133,28 @@ def shard_blocks(
     sharded.append(fully_shard(module, mesh=world, mp_policy=mp_policy,
                                ignored_params=ignored or None))
     return sharded, traffic
+
+
+def _set_prefetch(mods: Sequence[FSDPModule], units: Sequence[int], *, adjacent: bool) -> None:
+    """Explicit prefetch lists ([Note: one global order]): ``mods[i]`` is unit ``units[i]``."""
+    for i, mod in enumerate(mods):
+        prev = i > 0 and units[i - 1] == units[i] - 1
+        nxt = i + 1 < len(mods) and units[i + 1] == units[i] + 1
+        mod.set_modules_to_backward_prefetch([mods[i - 1] if adjacent and prev else mod])
+        mod.set_modules_to_forward_prefetch([mods[i + 1]] if adjacent and nxt else [])
+
+
+def check_fsdp_schedule(
+    plan: Plan, module_units: Sequence[int], *, reshard_after_forward: bool, prefetch: str,
+    refresh: bool,
+) -> None:
+    """Refuse (``plan.schedule.ScheduleError``) a composition whose collectives could deadlock.
+    ``module_units``: the unit of every FSDP module of the *full* model in forward order; each
+    rank runs the ones it holds, in that order."""
+    check({r: fsdp_schedule(plan, r, order=[u for u in module_units if plan.holds(r, u)],
+                            prefetch=prefetch if reshard_after_forward else OFF,
+                            reshard_after_forward=reshard_after_forward, refresh=refresh)
+           for r in range(plan.world)})
 
 
 def shard_over_mesh(

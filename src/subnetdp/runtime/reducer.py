@@ -161,7 +161,8 @@ class HolderReducer:
         self.stats = CommStats()
         self.buckets: list[_Bucket] = []
         where = {lp.piece.name: (key, lp) for key, lps in local.items() for lp in lps}
-        for spec in global_buckets(order, plan, bucket_cap_bytes=bucket_cap_bytes):
+        self.specs = global_buckets(order, plan, bucket_cap_bytes=bucket_cap_bytes)
+        for spec in self.specs:
             if rank not in spec.holders or len(spec.holders) < 2:
                 continue  # not ours, or held alone: nothing to average
             missing = [n for n in spec.names if n not in where]

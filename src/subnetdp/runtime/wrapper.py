@@ -73,13 +73,17 @@ class SubnetDataParallel(nn.Module):
         activation_checkpointing: bool = False,
         param_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
+        fsdp_prefetch: bool = True,
     ) -> None:
         """``fsdp``: shard each held unit over its holders (FSDP2) and shared parameters over
         all workers (``runtime.fsdp``); ``activation_checkpointing``: recompute every block in
         backward (``runtime.checkpointing``); ``param_dtype``: compute dtype (e.g. bf16) while
         parameters, gradients and optimizer state keep the model's dtype (FSDP's
         mixed-precision policy under ``fsdp``, ``torch.autocast`` otherwise);
-        ``reduce_dtype``: the dtype gradients are averaged in (FSDP only; default: fp32)."""
+        ``reduce_dtype``: the dtype gradients are averaged in (FSDP only; default: fp32);
+        ``fsdp_prefetch``: prefetch adjacent held blocks (FSDP only, [Note: one global order]
+        in ``runtime.fsdp``). Every rank checks that the collectives it and its peers will
+        issue admit one global order (``plan.schedule``) and raises ``ScheduleError`` if not."""
         super().__init__()
         strat = get_strategy(strategy)
         if not strat.is_sdp:
@@ -122,8 +126,9 @@ class SubnetDataParallel(nn.Module):
                                        if any(True for _ in m.parameters())])
         self.backend: Backend = (
             FSDPBackend(module, plan=plan, rank=self.rank, groups=self.groups, adapter=adapter,
-                        local=self.local, held=self.held_units, strategy=strat,
-                        param_dtype=param_dtype, reduce_dtype=reduce_dtype, device=dev)
+                        pieces=self.pieces, local=self.local, held=self.held_units,
+                        strategy=strat, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                        device=dev, prefetch=fsdp_prefetch)
             if fsdp else
             ReducerBackend(module, plan=plan, rank=self.rank, groups=self.groups,
                            pieces=self.pieces, local=self.local, held=self.held_units,
@@ -307,7 +312,7 @@ class SubnetDataParallel(nn.Module):
         holder it is; shared entries on rank 0), so the ranks' shards cover the full model
         exactly once. Values are contiguous CPU copies.
         """
-        src = self.backend.local_state() if tensors is None else dict(tensors)
+        src = self.backend.local_state() if tensors is None else self.backend.plain(tensors)
         return shard(src, self.local, self.plan, rank=self.rank, owned_only=owned_only)
 
     @torch.no_grad()
@@ -319,18 +324,13 @@ class SubnetDataParallel(nn.Module):
         """Fill this rank's local tensors from full-coordinate pieces (the union of shards
         written by ``shard_state``). ``into`` maps local state keys to the tensors to fill
         (default: the module's own state). Raises ``KeyError`` naming the missing pieces."""
-        if self.fsdp:
-            raise NotImplementedError("loading shards into an fsdp-composed model is not built "
-                                      "yet; checkpoints need fsdp off")
         dst = dict(self.module.state_dict()) if into is None else dict(into)
         missing = [lp.piece.name for k in dst for lp in self.local[k]
                    if lp.piece.name not in entries]
         if missing:
             raise KeyError(f"the shards lack {len(missing)} pieces this rank holds, e.g. "
                            f"{missing[:3]}; the checkpoint is incomplete or from another plan")
-        for key, t in dst.items():
-            for lp in self.local[key]:
-                lp.view(t).copy_(entries[lp.piece.name])
+        self.backend.fill(dst, entries, self.local)
 
 
 def _default_device() -> torch.device:

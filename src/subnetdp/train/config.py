@@ -173,9 +173,10 @@ class TrainConfig:
                 "come from their own generator, so a recomputed block would draw new ones")
         if not self.fsdp:
             return
-        if self.ckpt_every or self.resume:
-            bad("--fsdp runs cannot write or resume checkpoints yet; drop --ckpt-every/--resume "
-                "or --fsdp")
+        if (self.ckpt_every or self.resume) and self.strategy_value.level != "block":
+            bad(f"checkpoints of {self.strategy} with --fsdp are not built yet: n-sdp splits its "
+                "layers into per-group FSDP parts, and ddp (plain FSDP2) has no shards of "
+                "its own; checkpoint b-sdp or bb-sdp with --fsdp, or drop --fsdp")
         if self.stochastic_depth or self.neuron_dropout:
             bad("--stochastic-depth/--neuron-dropout are torch DDP baselines; drop --fsdp")
 
