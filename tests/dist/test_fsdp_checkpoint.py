@@ -65,3 +65,36 @@ def test_nsdp_fsdp_checkpoints_refused_with_a_reason(tmp_path: Path,
     code = main(["train", *TINY, "--strategy", "n-sdp", "--out", str(tmp_path / "n")])
     assert code == 2
     assert "n-sdp splits its layers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("strategy", ["b-sdp", "bb-sdp"])
+def test_fsdp_checkpoint_resumes_under_another_world_and_coverage(
+    strategy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An FSDP checkpoint of 4 workers at C = 0.5 resumed (--reshard) by 3 at C = 0.67: the
+    loaded shards, written back and assembled, equal the saved parameters and optimizer
+    state bit for bit; training goes on."""
+    from subnetdp.train.checkpoint import Checkpointer
+    from tests.dist.test_reshard import _assembled
+
+    out = tmp_path / "run"
+    args = [a if a != "6" else "3" for a in TINY]  # 3 steps, one checkpoint at the end
+    assert main(["train", *args, "--strategy", strategy, "--out", str(out)]) == 0
+    saved_ckpt = Path(shutil.copytree(out / "checkpoints" / "step_00000003", tmp_path / "saved"))
+    real = Checkpointer.restore
+
+    def restore_and_write_back(self: Checkpointer, ckpt: Path, **kw: object) -> int:
+        step = real(self, ckpt, **kw)  # type: ignore[arg-type]
+        self.save(step)
+        return step
+
+    monkeypatch.setattr(Checkpointer, "restore", restore_and_write_back)  # forked workers
+    assert main(["train", "--resume", str(out), "--reshard", "--nproc", "3", "--coverage",
+                 "0.67", "--steps", "5", "--ckpt-every", "5"]) == 0
+    loaded_ckpt = out / "checkpoints" / "step_00000003"
+    assert read_manifest(loaded_ckpt)["world"] == 3
+    saved, loaded = _assembled(saved_ckpt), _assembled(loaded_ckpt)
+    assert saved.keys() == loaded.keys() and any(k.startswith("optim/exp_avg/") for k in saved)
+    for k in saved:
+        assert torch.equal(saved[k], loaded[k]), k
+    assert list_checkpoints(out / "checkpoints")[-1].name == "step_00000005"
