@@ -1,6 +1,6 @@
 """SDP composed with FSDP2 and activation checkpointing, measured: step time and peak memory.
 
-    OMP_NUM_THREADS=1 python benchmarks/composition.py [--steps 10] [--nproc 4]
+    OMP_NUM_THREADS=1 python benchmarks/composition_measured.py [--steps 10] [--nproc 4]
 
 One ``bench step`` run (gloo workers, every configuration built by ``parallelize`` in every
 worker, steps interleaved so machine noise hits all alike): DDP, plain FSDP2 (``fsdp``,
@@ -12,7 +12,7 @@ DDP (and C = 1 to plain FSDP2, prefetch off to on), the measured peak of the hea
 estimate beside it, and counted bytes per step. On gloo a reduce-scatter clones its input, so
 measured FSDP peaks sit above the estimate by up to one unit's gradient (Note: gloo's
 reduce-scatter clone, bench/estimate.py); NCCL does not. Writes
-benchmarks/results/composition.{md,json,png}.
+benchmarks/results/composition_measured.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -82,11 +82,11 @@ def main() -> None:
               "wall_s": wall, "host": platform.node(), "cpus": _cpus(),
               "versions": res["versions"]}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "composition.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / "composition_measured.json").write_text(json.dumps(record, indent=1) + "\n")
     text = _table(record)
-    (args.out / "composition.md").write_text(text)
+    (args.out / "composition_measured.md").write_text(text)
     print(text)
-    _plot(rows, args.out / "composition.png")
+    _plot(rows, args.out / "composition_measured.png")
 
 
 def _cpus() -> int:
@@ -100,7 +100,7 @@ def _table(rec: dict[str, Any]) -> str:
     lines = [
         "# SDP composed with FSDP2 and activation checkpointing (measured)",
         "",
-        f"`python benchmarks/composition.py` — llama-tiny (dim {c['dim']}, {c['layers']} "
+        f"`python benchmarks/composition_measured.py` — llama-tiny (dim {c['dim']}, {c['layers']} "
         f"layers), {c['nproc']} gloo workers on {rec['cpus']} CPU cores, micro-batch "
         f"{c['batch']} x {c['seq']}, fp32, AdamW; {c['steps']} timed steps after "
         f"{c['warmup']} warm-up, interleaved; wall {rec['wall_s']:.0f} s.",
