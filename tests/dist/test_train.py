@@ -109,8 +109,8 @@ def test_resnet_fmnist_reports_accuracy(tmp_path) -> None:
         (["--steps", "0"], "--steps must be >= 1"),
         (["--model-arg", "width"], "KEY=VALUE"),
         (["--reduce-dtype", "bf16"], "--reduce-dtype needs --fsdp"),
-        (["--strategy", "nb-sdp", "--fsdp", "--ckpt-every", "2"],
-         "checkpoints of nb-sdp with --fsdp are not built yet"),
+        (["--strategy", "ddp", "--fsdp", "--ckpt-every", "2"],
+         "checkpoints of the plain FSDP2 baseline"),
     ],
 )
 def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys) -> None:

@@ -46,7 +46,7 @@ def test_precision_and_composition_reach_the_config() -> None:
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"strategy": "ddp", "plan_file": "p.json"}, "--plan-file needs an SDP strategy"),
-    ({"strategy": "nb-sdp", "fsdp": True, "ckpt_every": 2}, "checkpoints of nb-sdp with --fsdp"),
+    ({"strategy": "ddp", "fsdp": True, "ckpt_every": 2}, "checkpoints of the plain FSDP2"),
     ({"reduce_dtype": "bf16"}, "--reduce-dtype needs --fsdp"),
     ({"strategy": "b-sdp", "output_scaling": "keep"}, "applies to n-sdp only"),
     ({"strategy": "zero"}, "unknown strategy 'zero'"),

@@ -11,7 +11,7 @@ local module to one backend; everything that differs between the two lives here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -67,8 +67,15 @@ class Backend(Protocol):
 
     def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
              local: Mapping[str, Sequence[LocalPiece]]) -> None:
-        """Copy full-coordinate pieces (``entries``, by piece name) into ``dst`` (local keys:
-        this rank's storage of each tensor), ``local`` saying where each piece sits."""
+        """Copy full-coordinate pieces (``entries``, by piece name) into ``dst`` (this rank's
+        storage of each tensor, keyed like the module's state or like ``plain_params``),
+        ``local`` saying where each piece sits. ``KeyError`` names missing pieces."""
+
+    def part_places(self) -> dict[str, tuple[str, tuple[int, int, int]]]:
+        """Grouped parts' parameters (fsdp n-sdp/nb-sdp): name -> (layer key, local slice)."""
+
+    def plain_params(self) -> Mapping[str, torch.Tensor]:
+        """See ``RankModel.plain_params``."""
 
 
 class ReducerBackend:
@@ -131,9 +138,16 @@ class ReducerBackend:
 
     def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
              local: Mapping[str, Sequence[LocalPiece]]) -> None:
+        _check_pieces(dst, entries, local)
         for key, t in dst.items():
             for lp in local[key]:
                 lp.view(t).copy_(entries[lp.piece.name])
+
+    def part_places(self) -> dict[str, tuple[str, tuple[int, int, int]]]:
+        return {}
+
+    def plain_params(self) -> Mapping[str, torch.Tensor]:
+        return dict(self.module.named_parameters())
 
 
 class FSDPBackend:
@@ -228,31 +242,66 @@ class FSDPBackend:
         return ungroup_state(self.module, local_full_state(self.module))
 
     def plain(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        self._no_groups()
         # full_tensor is a collective over each tensor's holder mesh; callers pass tensors in
         # parameter order ([Note: one global order] in runtime.fsdp)
-        return {k: t.full_tensor() if isinstance(t, DTensor) else t for k, t in tensors.items()}
+        full = {k: t.full_tensor() if isinstance(t, DTensor) else t for k, t in tensors.items()}
+        return ungroup_state(self.module, full)
 
     def fill(self, dst: Mapping[str, torch.Tensor], entries: Mapping[str, torch.Tensor],
              local: Mapping[str, Sequence[LocalPiece]]) -> None:
-        self._no_groups()
+        parts = self.part_places()
+        src = {key: parts.get(key, (key, None)) for key in dst}  # plain key, slice of it
+        _check_pieces({k for k, _ in src.values()}, entries, local)
+        plain_key, plain = "", torch.empty(0)
         for key, t in dst.items():
-            if not isinstance(t, DTensor):  # buffers, frozen blocks (bb-sdp)
-                for lp in local[key]:
-                    lp.view(t).copy_(entries[lp.piece.name])
-                continue
-            # block-level: one whole piece per key; FSDP2 keeps this rank's dim-0 chunk
-            (lp,) = local[key]
-            mesh = t.device_mesh
-            chunk = chunk_views(entries[lp.piece.name], mesh.size())[mesh.get_local_rank()]
-            t.to_local().copy_(chunk)
+            k, where = src[key]
+            if k != plain_key:  # a layer's parts come together: assemble each key once
+                plain_key, plain = k, torch.empty(self._plain_shapes[k], dtype=t.dtype)
+                for lp in local[k]:
+                    lp.view(plain).copy_(entries[lp.piece.name])
+            view = plain if where is None else plain.narrow(where[0], where[1],
+                                                            where[2] - where[1])
+            if isinstance(t, DTensor):  # FSDP2's dim-0 chunk for this rank's mesh coordinate
+                mesh = t.device_mesh
+                t.to_local().copy_(chunk_views(view, mesh.size())[mesh.get_local_rank()])
+            else:
+                t.copy_(view)
 
-    def _no_groups(self) -> None:
-        if any(isinstance(m, GroupedLayer) for m in self.module.modules()):
-            raise NotImplementedError(
-                "checkpoints of n-sdp with --fsdp are not built yet (its layers are split "
-                "into per-group parts); checkpoint n-sdp without --fsdp, or b-sdp/bb-sdp "
-                "with --fsdp")
+    def part_places(self) -> dict[str, tuple[str, tuple[int, int, int]]]:
+        out = {}
+        for path, layer in self.module.named_modules():
+            if not isinstance(layer, GroupedLayer):
+                continue
+            prefix = f"{path}." if path else ""
+            for i, (start, n) in enumerate(layer.spans):
+                for name, dim in layer.sliced.items():
+                    if isinstance(getattr(layer.parts[i], name), nn.Parameter):
+                        out[f"{prefix}parts.{i}.{name}"] = (prefix + name, (dim, start, start + n))
+        return out
+
+    def plain_params(self) -> Mapping[str, torch.Tensor]:
+        return _Templates(self._plain_shapes, {
+            k: (p.dtype, p.device) for k, p in self.module.named_parameters()}, self.part_places())
+
+    @property
+    def _plain_shapes(self) -> dict[str, torch.Size]:
+        """Every local state key's plain shape (a grouped layer's: its parts concatenated)."""
+        shapes = {k: t.shape for k, t in self.module.state_dict().items()}
+        for path, layer in self.module.named_modules():
+            if not isinstance(layer, GroupedLayer):
+                continue
+            prefix = f"{path}." if path else ""
+            width = sum(n for _, n in layer.spans)
+            for name, dim in layer.sliced.items():
+                keys = [f"{prefix}parts.{i}.{name}" for i in range(len(layer.parts))]
+                if keys[0] not in shapes:
+                    continue  # a buffer: already under its own name, full width
+                shape = list(shapes[keys[0]])
+                shape[dim] = width
+                for k in keys:
+                    del shapes[k]
+                shapes[prefix + name] = torch.Size(shape)
+        return shapes
 
 
 def _part_order(module: nn.Module, pieces: Sequence[Piece], held: set[int]) -> list[int]:
@@ -272,6 +321,35 @@ def _part_order(module: nn.Module, pieces: Sequence[Piece], held: set[int]) -> l
                                    f"plan's order {full}")
             order += full
     return order
+
+
+def _check_pieces(keys: Iterable[str], entries: Mapping[str, torch.Tensor],
+                  local: Mapping[str, Sequence[LocalPiece]]) -> None:
+    missing = [lp.piece.name for k in keys for lp in local[k] if lp.piece.name not in entries]
+    if missing:
+        raise KeyError(f"the shards lack {len(missing)} pieces this rank holds, e.g. "
+                       f"{missing[:3]}; the checkpoint is incomplete or from another plan")
+
+
+class _Templates(Mapping[str, torch.Tensor]):
+    """Plain-layout parameter templates made on access (FSDP ranks store shards, so there is
+    no local tensor of that shape to hand out; nothing is allocated until asked)."""
+
+    def __init__(self, shapes: Mapping[str, torch.Size],
+                 params: Mapping[str, tuple[torch.dtype, torch.device]],
+                 parts: Mapping[str, tuple[str, tuple[int, int, int]]]) -> None:
+        self._shapes = shapes
+        self._kind = {parts[k][0] if k in parts else k: v for k, v in params.items()}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        dtype, device = self._kind[key]
+        return torch.empty(self._shapes[key], dtype=dtype, device=device)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kind)
+
+    def __len__(self) -> int:
+        return len(self._kind)
 
 
 def on_backward_end(out: Any, callback: Any) -> None:

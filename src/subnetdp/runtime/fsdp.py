@@ -36,10 +36,10 @@ n-sdp's, the others stay whole and frozen (ignored by FSDP) and are refreshed li
 blocks below. One FSDP mesh per group of the same layer is then just one per part.
 
 Backward masking (bb-sdp, nb-sdp): non-held blocks (parts) stay whole and frozen on every
-worker (ignored by FSDP). Refresh is point to point from every holder's *shard*: holder i of a unit sends its
-FSDP shard (dim-0 chunk i) to each non-holder, which writes it into the same chunk of its
-frozen copy. Traffic equals the owner-sends-all refresh of the plain runtime, spread over
-holders.
+worker (ignored by FSDP). Refresh is point to point from every holder's *shard*: holder i of a
+unit sends its FSDP shard (dim-0 chunk i) to each non-holder, which writes it into the same
+chunk of its frozen copy. Traffic equals the owner-sends-all refresh of the plain runtime,
+spread over holders.
 """
 
 from __future__ import annotations

@@ -86,6 +86,17 @@ class RankModel(Protocol):
     def param_places(self) -> list[ParamPlace]:
         """Each trainable parameter's place in the local state: ``(param, key, slice)``."""
 
+    def plain_params(self) -> Mapping[str, torch.Tensor]:
+        """Tensors shaped like each local parameter in the plain (unsharded, ungrouped)
+        layout, keyed as ``param_places`` keys them: templates for optimizer state."""
+
+    def to_plain(self, t: torch.Tensor) -> torch.Tensor:
+        """A parameter-shaped tensor (e.g. ``exp_avg``) whole: FSDP shards are gathered
+        (collective over the parameter's mesh; call in parameter order)."""
+
+    def from_plain(self, p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (shaped like ``p`` whole) stored the way ``p`` is: this rank's FSDP shard."""
+
 
 class _WholeModelRank:
     """What the two baselines share: every rank's state is the full model's."""
@@ -133,6 +144,15 @@ class _WholeModelRank:
 
     def param_places(self) -> list[ParamPlace]:
         return [(p, k, None) for k, p in self._module.named_parameters() if p.requires_grad]
+
+    def plain_params(self) -> Mapping[str, torch.Tensor]:
+        return dict(self._module.named_parameters())
+
+    def to_plain(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def from_plain(self, p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return t
 
 
 class TorchDDPRank(_WholeModelRank):

@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from subnetdp.plan import Plan
 from subnetdp.runtime.assemble import (
@@ -19,7 +20,7 @@ from subnetdp.runtime.assemble import (
 )
 from subnetdp.runtime.backends import Backend, FSDPBackend, ReducerBackend
 from subnetdp.runtime.checkpointing import checkpoint_blocks
-from subnetdp.runtime.fsdp import local_tensor
+from subnetdp.runtime.fsdp import chunk_views, local_tensor
 from subnetdp.runtime.grouped import group_layers
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.reducer import CommStats
@@ -224,17 +225,34 @@ class SubnetDataParallel(nn.Module):
     def param_places(self) -> list[tuple[nn.Parameter, str, tuple[int, int, int] | None]]:
         """Where each trainable parameter lives in the local state: ``(param, local key,
         None)`` for a whole local entry, ``(param, local key, (dim, start, stop))`` for the
-        slice parameter of a partly held one (nb-sdp). Checkpoints shard optimizer state by
-        it."""
+        slice parameter of a partly held one (nb-sdp) or a neuron group's part of a grouped
+        layer (n-sdp/nb-sdp with fsdp). Checkpoints shard optimizer state by it."""
         out: list[tuple[nn.Parameter, str, tuple[int, int, int] | None]] = []
+        parts = self.backend.part_places()
         for name, p in self.trainable.params.items():
             if name in self.local:
                 out.append((p, name, None))
-                continue
-            piece = self.trainable.local[name][0].piece
-            assert piece.dim is not None
-            out.append((p, piece.key, (piece.dim, piece.start, piece.stop)))
+            elif name in parts:
+                out.append((p, *parts[name]))
+            else:
+                piece = self.trainable.local[name][0].piece
+                assert piece.dim is not None
+                out.append((p, piece.key, (piece.dim, piece.start, piece.stop)))
         return out
+
+    def plain_params(self) -> Mapping[str, torch.Tensor]:
+        return self.backend.plain_params()
+
+    def to_plain(self, t: torch.Tensor) -> torch.Tensor:
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    def from_plain(self, p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(p, DTensor):
+            return t
+        mesh = p.device_mesh
+        mine = chunk_views(t, mesh.size())[mesh.get_local_rank()].clone()
+        return DTensor.from_local(mine, mesh, p.placements, run_check=False, shape=p.shape,
+                                  stride=p.stride())
 
     def tracked_modules(self) -> list[nn.Module]:
         """Modules whose parameters a memory tracker must count: the local model, and under
@@ -325,11 +343,6 @@ class SubnetDataParallel(nn.Module):
         written by ``shard_state``). ``into`` maps local state keys to the tensors to fill
         (default: the module's own state). Raises ``KeyError`` naming the missing pieces."""
         dst = dict(self.module.state_dict()) if into is None else dict(into)
-        missing = [lp.piece.name for k in dst for lp in self.local[k]
-                   if lp.piece.name not in entries]
-        if missing:
-            raise KeyError(f"the shards lack {len(missing)} pieces this rank holds, e.g. "
-                           f"{missing[:3]}; the checkpoint is incomplete or from another plan")
         self.backend.fill(dst, entries, self.local)
 
 

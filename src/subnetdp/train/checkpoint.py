@@ -35,7 +35,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -98,7 +98,7 @@ class Checkpointer:
         self.plan, self.cfg, self.rank, self.world = plan, cfg, rank, world
         self.shards = model  # the rank model knows its pieces (RankModel.shard_state)
         self.opt_params = _opt_params(opt, model)
-        self.local: dict[str, torch.Tensor] = dict(model.module.named_parameters())
+        self.local = model.plain_params()  # templates of optimizer state, plain layout
         self.info = info  # recipe, model_overrides, model_state: what export/eval need
 
     def due(self, done: int) -> bool:
@@ -264,7 +264,7 @@ def _region(
 
 
 def _optimizer_pieces(
-    opt: torch.optim.Optimizer, params: list[OptParam], local: dict[str, torch.Tensor],
+    opt: torch.optim.Optimizer, params: list[OptParam], local: Mapping[str, torch.Tensor],
     shards: Any,
 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
     """Optimizer state as checkpoint tensors: state shaped like its parameter (``exp_avg``,
@@ -277,6 +277,7 @@ def _optimizer_pieces(
             if v is None:
                 continue
             if torch.is_tensor(v) and v.ndim > 0 and v.shape == p.shape:
+                v = shards.to_plain(v)  # an FSDP shard gathered whole (parameter order)
                 if where is None:
                     like.setdefault(k, {})[key] = v
                 else:
@@ -298,14 +299,14 @@ def _optimizer_pieces(
 
 
 def _load_optimizer(opt: torch.optim.Optimizer, params: list[OptParam],
-                    local: dict[str, torch.Tensor], shards: Any, ckpt: Path, files: list[str],
+                    local: Mapping[str, torch.Tensor], shards: Any, ckpt: Path, files: list[str],
                     info: dict[str, Any], shapes: dict[str, list[int]]) -> None:
     """Recreate the optimizer's per-parameter state (a fresh optimizer has none yet)."""
     for k in info["like_states"]:
         into = {key: torch.empty_like(local[key]) for _, key, _ in params}
         shards.load_shard_state(PieceReader(ckpt, files, f"optim/{k}/", shapes), into=into)
         for p, key, where in params:
-            opt.state[p][k] = _region(into[key], where, p).clone()
+            opt.state[p][k] = shards.from_plain(p, _region(into[key], where, p).clone())
     for k in info["scalar_states"]:
         reader = ShardReader(ckpt, files, f"optim_scalar/{k}/")
         missing = sorted({key for _, key, _ in params if key not in reader})

@@ -173,10 +173,9 @@ class TrainConfig:
                 "come from their own generator, so a recomputed block would draw new ones")
         if not self.fsdp:
             return
-        if (self.ckpt_every or self.resume) and self.strategy_value.level != "block":
-            bad(f"checkpoints of {self.strategy} with --fsdp are not built yet: n-sdp splits its "
-                "layers into per-group FSDP parts, and ddp (plain FSDP2) has no shards of "
-                "its own; checkpoint b-sdp or bb-sdp with --fsdp, or drop --fsdp")
+        if (self.ckpt_every or self.resume) and not self.strategy_value.is_sdp:
+            bad("checkpoints of the plain FSDP2 baseline (ddp with --fsdp) are not built: "
+                "checkpoint an SDP strategy with --fsdp, or ddp without it")
         if self.stochastic_depth or self.neuron_dropout:
             bad("--stochastic-depth/--neuron-dropout are torch DDP baselines; drop --fsdp")
 
