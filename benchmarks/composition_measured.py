@@ -56,12 +56,14 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: NCCL, one GPU per worker (--nproc <= GPUs)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     model_args = (("dim", args.dim), ("n_layers", args.layers))
     todo = specs(args.nproc, model_args, args.batch, args.seq)
     t0 = time.perf_counter()
-    res = run_step_bench(todo, steps=args.steps, warmup=args.warmup)
+    res = run_step_bench(todo, steps=args.steps, warmup=args.warmup, device=args.device)
     wall = time.perf_counter() - t0
     rows = []
     for s in todo:
@@ -97,11 +99,13 @@ def _cpus() -> int:
 
 def _table(rec: dict[str, Any]) -> str:
     c = rec["config"]
+    where = (f"gloo workers on {rec['cpus']} CPU cores" if c["device"] == "cpu"
+             else "NCCL workers, one GPU each")
     lines = [
         "# SDP composed with FSDP2 and activation checkpointing (measured)",
         "",
-        f"`python benchmarks/composition_measured.py` — llama-tiny (dim {c['dim']}, {c['layers']} "
-        f"layers), {c['nproc']} gloo workers on {rec['cpus']} CPU cores, micro-batch "
+        f"`python benchmarks/composition_measured.py` — llama-tiny (dim {c['dim']}, "
+        f"{c['layers']} layers), {c['nproc']} {where}, micro-batch "
         f"{c['batch']} x {c['seq']}, fp32, AdamW; {c['steps']} timed steps after "
         f"{c['warmup']} warm-up, interleaved; wall {rec['wall_s']:.0f} s.",
         "",
