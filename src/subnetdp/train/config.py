@@ -65,7 +65,7 @@ class TrainConfig:
     # pair with this probability (inverted dropout); training mode only, ddp only.
     stochastic_depth: float = 0.0
     neuron_dropout: float = 0.0
-    # Composition (method.md §7, strategy.Composition): FSDP2 inside holder groups (with ddp:
+    # Composition (docs/method.md §7, strategy.Composition): FSDP2 inside holder groups (with ddp:
     # plain FSDP over the world), activation checkpointing per block, and the precision
     # (strategy.DTYPES: fp32, bf16-mixed = bf16 compute with fp32 master state, bf16 = pure);
     # reduce_dtype = the dtype FSDP averages gradients in (None: the master dtype).
