@@ -13,9 +13,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.checkpoint import check_compatible
 from subnetdp.train.ckpt_io import (
@@ -33,11 +30,11 @@ __all__ = [
     "NonFiniteLossError",
     "check_fresh_run_dir",
     "drop_replayed_metrics",
+    "not_finite_error",
     "preflight_resume",
     "restart_count",
     "resume_config",
     "resume_source",
-    "stop_if_not_finite",
     "truncate_metrics",
 ]
 
@@ -153,18 +150,11 @@ def drop_replayed_metrics(path: Path, start: int, *, resumed: bool) -> list[floa
 
 
 # -- stopping a diverged run ------------------------------------------------------------------
-def stop_if_not_finite(loss: float, step: int, run_dir: Path, device: torch.device) -> None:
-    """Collective: every rank learns whether any rank's loss is NaN/inf and stops at the same
-    step, before the step's checkpoint, so the newest checkpoint stays the last good one."""
-    mine = torch.tensor([loss], dtype=torch.float64, device=device)
-    losses = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(losses, mine)
-    bad = {r: float(t.item()) for r, t in enumerate(losses) if not torch.isfinite(t).all()}
-    if not bad:
-        return
+def not_finite_error(bad: dict[int, float], step: int, run_dir: Path) -> NonFiniteLossError:
+    """The error for non-finite losses ``bad`` (by rank) at ``step``, naming what is kept."""
     found = list_checkpoints(checkpoints_root(run_dir))
     kept = (f"the last good checkpoint is kept: {found[-1]}" if found else
             "no checkpoint had been written (use --ckpt-every N to keep progress)")
-    raise NonFiniteLossError(
+    return NonFiniteLossError(
         f"the loss is not finite at step {step} (loss by rank: {bad}); training stopped and "
         f"{kept}. Lower --lr or set --grad-clip and start a new run")
