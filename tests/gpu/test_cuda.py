@@ -36,16 +36,23 @@ def _spawn(fn: Any, *args: Any, nproc: int) -> dict[int, Any]:
                   start_method="spawn")
 
 
-def _train(strategy: str, coverage: float, comp: Composition, steps: int) -> dict[str, Any]:
-    """A few AdamW steps of one rank on CUDA; returns the full state on rank 0 (CPU)."""
-    rank, world = init_distributed("nccl")
+def _device(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else (
+        torch.device("cpu"))
+
+
+def _train(strategy: str, coverage: float, comp: Composition, steps: int,
+           backend: str = "nccl") -> dict[str, Any]:
+    """A few AdamW steps of one rank (CUDA under NCCL; gloo/CPU to check these helpers without
+    a GPU); returns the full state on rank 0 (CPU)."""
+    rank, world = init_distributed(backend)
     try:
         recipe = get_recipe("llama-tiny")
         with torch.device("meta"):
             model = recipe.build_model(**ARGS)
         plan = plan_for(model, recipe.adapter, get_strategy(strategy), world=world,
                         coverage=coverage)
-        dev = torch.device("cuda", torch.cuda.current_device())
+        dev = _device(backend)
         m = parallelize(model, adapter=recipe.adapter, strategy=strategy, plan=plan, comp=comp,
                         device=dev, seed=0)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
@@ -87,10 +94,10 @@ def test_fsdp_composition_equals_plain_sdp_on_nccl(strategy: str) -> None:
     _close(ac, plain, 1e-5)
 
 
-def _bench(specs: list[BenchSpec]) -> dict[str, Any]:
-    rank, world = init_distributed("nccl")
+def _bench(specs: list[BenchSpec], backend: str = "nccl") -> dict[str, Any]:
+    rank, world = init_distributed(backend)
     try:
-        return bench_worker(specs, 1, 3, "cuda", rank, world)
+        return bench_worker(specs, 1, 3, _device(backend).type, rank, world)
     finally:
         shutdown_distributed()
 
