@@ -58,7 +58,8 @@ def test_pip_install_then_train_on_a_text_folder(tmp_path: Path) -> None:
 
     text = tmp_path / "text"
     text.mkdir()
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "kings", "sing"]
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
+             "seven", "kings", "sing"]
     for i in range(12):
         (text / f"doc{i}.txt").write_text(" ".join(words[(i + j) % len(words)]
                                                     for j in range(400)))
