@@ -259,14 +259,14 @@ def init_distributed(backend: str | None = None,
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    wait = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+    wait = None if timeout is None else datetime.timedelta(seconds=timeout)  # None: default
     if under_launcher():
         # env:// rendezvous set up by the launcher
-        dist.init_process_group(backend=backend, **wait)  # type: ignore[arg-type]
+        dist.init_process_group(backend=backend, timeout=wait)
     else:
         # An in-memory store: no port to pick and nothing shared with other runs.
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
-                                **wait)  # type: ignore[arg-type]
+                                timeout=wait)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -99,8 +99,7 @@ class _Window:
         self.norms.append(norm)
         self.rows.append(row)
 
-    def flush(self, sink: JsonlSink, out: Path, device: torch.device,
-              tracker: Tracker) -> list[float]:
+    def flush(self, sink: JsonlSink, out: Path, tracker: Tracker) -> list[float]:
         """Write the window's lines; raise ``NonFiniteLossError`` on every rank at once if any
         rank's loss went NaN/inf. Returns this rank's losses.
 
@@ -219,7 +218,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             done = step + 1
             due = ckpt.due(done)
             if due or done % cfg.log_every == 0 or done == cfg.steps:
-                losses += window.flush(sink, out, device, tracker)
+                losses += window.flush(sink, out, tracker)
                 progress.update(done, loss=losses[-1], tps=tps * world)
             if due:
                 ckpt.save(done)
