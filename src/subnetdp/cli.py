@@ -1,4 +1,4 @@
-"""``subnetdp``: train | plan | demo | export | eval | bench | compare. Thin: each subcommand
+"""``subnetdp``: train | plan | demo | export | eval | bench | compare | plot. Thin: each subcommand
 lives in subnetdp.commands."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
         eval_cmd,
         export_cmd,
         plan_cmd,
+        plot_cmd,
         train_cmd,
     )
 
@@ -23,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="subnetdp", description="Subnetwork Data Parallelism for PyTorch"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (train_cmd, plan_cmd, demo, export_cmd, eval_cmd, bench_cmd, compare_cmd):
+    for module in (train_cmd, plan_cmd, demo, export_cmd, eval_cmd, bench_cmd, compare_cmd,
+                   plot_cmd):
         module.add_parser(sub)
     return parser
 
@@ -49,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from subnetdp.commands import compare_cmd
 
         return compare_cmd.run(args)
+    if args.command == "plot":
+        from subnetdp.commands import plot_cmd
+
+        return plot_cmd.run(args)
     if args.command in ("export", "eval"):
         from subnetdp.commands import eval_cmd, export_cmd
 

@@ -4,7 +4,7 @@ Every rank is built by ``subnetdp.parallelize``, the builder training uses too, 
 benchmark measures exactly what ``subnetdp train`` runs. A spec names its strategy as a
 label (``strategy.label``): the baselines ``ddp``, ``ddp+ac``, ``fsdp`` (FSDP2 over the world,
 ZeRO-3), ``fsdp+ac``, and every SDP strategy (``b-sdp``, ``n-sdp``, ...), optionally composed
-(method.md §7) with FSDP2 inside each holder group (``fsdp=True``) and activation
+(docs/method.md §7) with FSDP2 inside each holder group (``fsdp=True``) and activation
 checkpointing (``ac=True``), labelled e.g. ``b-sdp+fsdp+ac (C=0.69)``.
 
 ``ddp`` is torch DDP with ``gradient_as_bucket_view=True`` ([Note: the fair DDP baseline] in

@@ -23,6 +23,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--eval-batches", type=int, default=None,
                    help="validation batches (default: the run's own --eval-batches)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
+                   help="where to evaluate (default: the run's own --device; auto = CUDA "
+                        "when available)")
 
 
 def load_model_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -61,11 +64,11 @@ def load_model_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     return assemble_full_state(ckpt, manifest), info
 
 
-def evaluate_path(path: str | Path, *, eval_batches: int | None = None) -> dict[str, float]:
-    import torch
-
+def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
+                  device: str | None = None) -> dict[str, float]:
     from subnetdp.models import get_recipe
     from subnetdp.train.config import TrainConfig
+    from subnetdp.train.device import run_device
     from subnetdp.train.tasks import make_task
 
     state, info = load_model_state(path)
@@ -74,9 +77,12 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None) -> dict[
         if eval_batches < 1:
             raise ValueError(f"--eval-batches must be >= 1, got {eval_batches}")
         cfg.eval_batches = eval_batches
+    if device is not None:
+        cfg.device = device
+    dev = run_device(cfg)
     model = get_recipe(info["recipe"]).build_model(**info["model_overrides"])
     model.load_state_dict(state)
-    result = make_task(cfg).evaluate(model, torch.device("cpu"))
+    result = make_task(cfg).evaluate(model.to(dev), dev)
     return {"step": float(info["step"]), **result}
 
 
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
 
     try:
-        result = evaluate_path(args.path, eval_batches=args.eval_batches)
+        result = evaluate_path(args.path, eval_batches=args.eval_batches, device=args.device)
     except (ValueError, OSError, DatasetMissingError) as e:
         print(f"subnetdp eval: {e}", file=sys.stderr)
         return 2

@@ -94,6 +94,35 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-nproc", type=int, default=None, metavar="N",
                    help="elastic shrink: after a worker is lost for good (restarts used up), "
                         "go on with one worker fewer, down to N, from the newest checkpoint")
+    add_ecosystem_arguments(p)
+
+
+def add_ecosystem_arguments(p: argparse.ArgumentParser) -> None:
+    """Tracking, periodic validation, precision and text sources (README, Watching a run)."""
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard events to RUN/tensorboard (extra: tensorboard)")
+    p.add_argument("--wandb", action="store_true",
+                   help="also log to Weights & Biases, offline unless WANDB_MODE=online "
+                        "(extra: wandb)")
+    p.add_argument("--wandb-project", default=None, metavar="NAME",
+                   help="the W&B project (implies --wandb; default subnetdp)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="validate the assembled full model every N steps (default: at the "
+                        "end only)")
+    p.add_argument("--peak-tflops", type=float, default=None, metavar="T",
+                   help="the device's peak TFLOP/s for mfu(%%) (default: known CUDA devices)")
+    p.add_argument("--no-tf32", dest="tf32", action="store_false",
+                   help="on CUDA, keep float32 matmuls in full fp32 (default: TF32)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a tokenizer.json (any Hugging Face tokenizers file), or gpt2 for the "
+                        "GPT-2 BPE package, instead of training a BPE on the corpus")
+    p.add_argument("--dataset", default=None, metavar="NAME",
+                   help="text through Hugging Face datasets: a builder (json, parquet, text, "
+                        "csv, arrow) over --data-files, or a local dataset folder (extra: data)")
+    p.add_argument("--data-files", action="append", default=None, metavar="GLOB",
+                   help="local files for --dataset (repeatable)")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help="the documents' text field in JSONL/parquet/datasets (default text)")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -103,19 +132,26 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--resume", default=None, metavar="RUN",
                    help="continue runs/NAME from its newest checkpoint (or from the given "
                         "runs/NAME/checkpoints/step_N) with the run's own configuration")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="options from a TOML file or a run's config.json (replays it); "
+                        "options given here override the file")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values["model_args"] = dict(_parse_model_arg(a) for a in args.model_arg)
+    if getattr(args, "config", None):
+        from subnetdp.train.config_file import load_config_file, merge_config
+
+        values = merge_config(load_config_file(args.config), values, _explicit_options(args))
     if values.get("resume"):
         from subnetdp.train.resume import resume_config
 
         return resume_config(values["resume"], values, _explicit_options(args))
     values.setdefault("nproc", 4)
     if values.get("out") is None:
-        values["out"] = f"runs/{args.recipe}-{args.strategy}"
+        values["out"] = f"runs/{values['recipe']}-{values['strategy']}"
     return TrainConfig(**values)
 
 

@@ -96,31 +96,35 @@ def _bible_books(path: Path) -> Iterator[Document]:
         yield Document(f"bible/{book}", "\n".join(verses), "bible")
 
 
-def _jsonl_docs(cf: CorpusFile) -> Iterator[Document]:
+def _jsonl_docs(cf: CorpusFile, field: str) -> Iterator[Document]:
     with cf.path.open(encoding="utf-8", errors="replace") as f:
         for i, line in enumerate(f):
             if not line.strip():
                 continue
             row = json.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"{cf.path}:{i + 1}: each JSONL line needs a string field `text`")
-            yield Document(f"{cf.key}:{i}", row["text"])
+            if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                raise ValueError(f"{cf.path}:{i + 1}: each JSONL line needs a string field "
+                                 f"`{field}` (--text-field names another)")
+            yield Document(f"{cf.key}:{i}", row[field])
 
 
-def _parquet_docs(cf: CorpusFile) -> Iterator[Document]:
+def _parquet_docs(cf: CorpusFile, field: str) -> Iterator[Document]:
     try:
         import pyarrow.parquet as pq
     except ImportError as e:
         raise ImportError(
-            f"Reading {cf.path} needs pyarrow: `pip install pyarrow`, or convert it to JSONL."
+            f"Reading {cf.path} needs pyarrow: `pip install 'subnetdp[data]'`, or convert it "
+            f"to JSONL."
         ) from e
-    table = pq.read_table(cf.path, columns=["text"])
-    for i, text in enumerate(table.column("text").to_pylist()):
+    if field not in pq.read_schema(cf.path).names:
+        raise ValueError(f"{cf.path} has no column `{field}`; pass --text-field NAME")
+    table = pq.read_table(cf.path, columns=[field])
+    for i, text in enumerate(table.column(field).to_pylist()):
         if text is not None:
             yield Document(f"{cf.key}:{i}", str(text))
 
 
-def _docs_of(cf: CorpusFile, *, packaged: bool) -> Iterator[Document]:
+def _docs_of(cf: CorpusFile, *, packaged: bool, field: str) -> Iterator[Document]:
     if packaged:
         if cf.key.startswith("bible/"):
             yield from _bible_books(cf.path)
@@ -132,12 +136,13 @@ def _docs_of(cf: CorpusFile, *, packaged: bool) -> Iterator[Document]:
     if suffix == ".txt":
         yield Document(cf.key, strip_gutenberg(read_text(cf.path)))
     elif suffix == ".jsonl":
-        yield from _jsonl_docs(cf)
+        yield from _jsonl_docs(cf, field)
     else:
-        yield from _parquet_docs(cf)
+        yield from _parquet_docs(cf, field)
 
 
-def load_documents(data_dir: str | None = None, *, max_docs: int | None = None) -> list[Document]:
+def load_documents(data_dir: str | None = None, *, max_docs: int | None = None,
+                   text_field: str = "text") -> list[Document]:
     """All documents of the corpus, in a deterministic order, empty and duplicate ones dropped.
 
     Exact duplicates (the BBC set holds ~100 re-published articles) are dropped, keeping the
@@ -146,7 +151,7 @@ def load_documents(data_dir: str | None = None, *, max_docs: int | None = None) 
     docs: list[Document] = []
     seen: set[bytes] = set()
     for cf in corpus_files(data_dir):
-        for doc in _docs_of(cf, packaged=data_dir is None):
+        for doc in _docs_of(cf, packaged=data_dir is None, field=text_field):
             norm = " ".join(doc.text.split())
             digest = hashlib.sha1(norm.encode()).digest()
             if not norm or digest in seen:

@@ -15,7 +15,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from subnetdp.data import locate
 
 EOT = "<|endoftext|>"  # same spelling as GPT-2, so documents are separated the same way
-MAX_UINT16_VOCAB = 1 << 16  # token files are uint16
+MAX_UINT16_VOCAB = 1 << 16  # a trained BPE's token files are uint16
+# what other tokenizer.json files separate documents with (Llama 3, Llama 2 / Mistral, Gemma)
+SEPARATORS = (EOT, "<|end_of_text|>", "</s>", "<eos>")
 
 
 def cache_dir() -> Path:
@@ -58,14 +60,24 @@ def train_bpe(
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    return Tokenizer.from_file(str(path))
+    """Any ``tokenizers`` JSON file (a Hugging Face model's ``tokenizer.json``)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"--tokenizer {p}: no such file; give a tokenizer.json, or gpt2")
+    try:
+        return Tokenizer.from_file(str(p))
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise ValueError(f"--tokenizer {p} is not a tokenizers JSON file ({e})") from None
 
 
 def eot_id(tok: Tokenizer) -> int:
-    tid = tok.token_to_id(EOT)
-    if tid is None:
-        raise ValueError(f"tokenizer has no {EOT} token")
-    return tid
+    """The id documents are joined by: the first of ``SEPARATORS`` the tokenizer knows."""
+    for name in SEPARATORS:
+        tid = tok.token_to_id(name)
+        if tid is not None:
+            return int(tid)
+    raise ValueError(f"the tokenizer has none of the document separators {', '.join(SEPARATORS)}"
+                     f"; add one to its tokenizer.json's added_tokens")
 
 
 def load_gpt2_tokenizer() -> Tokenizer:

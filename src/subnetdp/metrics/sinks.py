@@ -1,8 +1,8 @@
-"""Where metrics go: one JSONL file per rank (a line per logged step) and atomic JSON summaries.
+"""Where metrics go: one JSONL file per rank (a line per logged step), rank 0's validation
+lines (``metrics/val.jsonl``) and atomic JSON summaries.
 
-Metric names follow torchtitan: ``loss``, ``throughput(tps)``, ``memory/peak_active(GiB)``,
-``comm/bytes_per_step``, ``time/step_s``, ``lr``. Use the constants below rather than string
-literals so that plots and comparisons find the same keys.
+Metric names follow torchtitan; what each means: ``metrics/tracking.py``. Use the constants
+rather than string literals so that plots and comparisons find the same keys.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "JsonlSink",
     "rank_jsonl_path",
     "read_jsonl",
+    "val_jsonl_path",
     "write_json_atomic",
 ]
 
@@ -41,6 +42,11 @@ LR = "lr"
 def rank_jsonl_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     """The conventional per-rank metrics file of a run: ``<run_dir>/metrics/rank<r>.jsonl``."""
     return Path(run_dir) / "metrics" / f"rank{rank}.jsonl"
+
+
+def val_jsonl_path(run_dir: str | os.PathLike[str]) -> Path:
+    """Rank 0's validation lines (``--eval-every`` and the end): ``<run_dir>/metrics/val.jsonl``."""
+    return Path(run_dir) / "metrics" / "val.jsonl"
 
 
 class JsonlSink:

@@ -1,7 +1,7 @@
 """Analytic per-worker cost of a plan: bytes held and bytes all-reduced per step.
 
 These are the numbers the runtime's measured memory and communication are asserted against,
-so they count exactly what the holder-averaging reducer sends (method.md §6): shared gradients
+so they count exactly what the holder-averaging reducer sends (docs/method.md §6): shared gradients
 over all N workers, each unit's gradient over its holders, and nothing for a unit that only one
 worker holds.
 """

@@ -1,4 +1,4 @@
-"""What a plan costs in gradient quality and mixing (method.md §3, "Diagnostics").
+"""What a plan costs in gradient quality and mixing (docs/method.md §3, "Diagnostics").
 
 With unit sizes s_u, shared size s_S and total S = s_S + Σ s_u:
 - mask error ε = Σ_u s_u (1/c_u − 1/N) / S: the extra gradient-noise factor of averaging over

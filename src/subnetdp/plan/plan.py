@@ -1,4 +1,4 @@
-"""The plan: which worker holds which unit (method.md §2-3).
+"""The plan: which worker holds which unit (docs/method.md §2-3).
 
 A plan is a boolean matrix ``matrix[rank][unit]`` plus the units' names and sizes. It is pure
 data: no torch, no process groups. Every rank of a run builds (or loads) the same plan, and the

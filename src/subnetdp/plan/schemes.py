@@ -1,4 +1,4 @@
-"""Plan schemes: who holds which unit (method.md §3).
+"""Plan schemes: who holds which unit (docs/method.md §3).
 
 Two facts shape the schemes (N workers, U units, k units per worker):
 
@@ -294,7 +294,7 @@ def make_layered_plan(
     shared_size: int = 0,
     rotate: bool = False,
 ) -> Plan:
-    """A neuron-level plan (method.md §3): units are grouped by layer (``layers[u]`` is unit
+    """A neuron-level plan (docs/method.md §3): units are grouped by layer (``layers[u]`` is unit
     u's layer) and every worker holds k_l = round(coverage·U_l) units *of every layer*, chosen
     by ``scheme`` within the layer. With ``rotate`` the spread window of the l-th layer starts
     l units later, which varies which workers share which layers; the holder sets stay the

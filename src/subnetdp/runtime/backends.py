@@ -3,7 +3,7 @@
 - ``ReducerBackend``: every holder keeps its units whole; subnetdp's bucketed reducer
   all-reduces each bucket over its holder group during backward (``runtime.reducer``).
 - ``FSDPBackend``: each held unit is sharded with FSDP2 over its holders, so FSDP's
-  reduce-scatter does the averaging (``runtime.fsdp``, method.md §7).
+  reduce-scatter does the averaging (``runtime.fsdp``, docs/method.md §7).
 
 The wrapper builds the subnetwork (drop, narrow, materialise, checkpointing) and then hands the
 local module to one backend; everything that differs between the two lives here.

@@ -1,4 +1,4 @@
-"""SDP composed with FSDP2 (ZeRO-3 inside each holder group), method.md §7.
+"""SDP composed with FSDP2 (ZeRO-3 inside each holder group), docs/method.md §7.
 
 Each held unit is sharded with ``fully_shard`` over a device mesh made from its holder group,
 so its parameters, gradients and optimizer state are split among exactly the workers that train

@@ -6,7 +6,7 @@ are told apart from what backward masking freezes by being frozen on entry.
 
 Forward masking (b-sdp, n-sdp): the local model holds only held units, so it trains all of it.
 
-Backward masking (bb-sdp, nb-sdp, method.md §5): the local model is the *full* model, but only
+Backward masking (bb-sdp, nb-sdp, docs/method.md §5): the local model is the *full* model, but only
 held units (and shared parameters) get gradients and optimizer state:
 - a parameter with no held piece is frozen (``requires_grad`` off): no gradient buffer, no
   optimizer state, while activations still flow through it to earlier layers;

@@ -14,7 +14,7 @@ from subnetdp.subnet.neurons import NeuronGroup
 def scale_kept_outputs(
     module: nn.Module, groups: Sequence[NeuronGroup], held: Sequence[int]
 ) -> list[Any]:
-    """Output scaling (method.md §4): while training, what each narrowed pair contributes is
+    """Output scaling (docs/method.md §4): while training, what each narrowed pair contributes is
     multiplied by 1/keep-rate (all slots / held slots), like inverted dropout, so its expected
     size matches the full model that evaluation uses. It is the default for n-sdp because
     without it the full model is miscalibrated: measured on resnet18-fmnist at C = 0.5, the

@@ -73,7 +73,7 @@ class TrainConfig:
     # pair with this probability (inverted dropout); training mode only, ddp only.
     stochastic_depth: float = 0.0
     neuron_dropout: float = 0.0
-    # Composition (method.md §7, strategy.Composition): FSDP2 inside holder groups (with ddp:
+    # Composition (docs/method.md §7, strategy.Composition): FSDP2 inside holder groups (with ddp:
     # plain FSDP over the world), activation checkpointing per block, and the precision
     # (strategy.DTYPES: fp32, bf16-mixed = bf16 compute with fp32 master state, bf16 = pure);
     # reduce_dtype = the dtype FSDP averages gradients in (None: the master dtype).
@@ -81,6 +81,21 @@ class TrainConfig:
     ac: bool = False
     dtype: str = "fp32"
     reduce_dtype: str | None = None
+    # Ecosystem (issue 18): rank 0's TensorBoard / W&B sinks (metrics/tracking.py), periodic
+    # validation of the assembled model every eval_every steps (0 = at the end only), the
+    # device's peak for mfu(%) (None: from the CUDA device name), TF32 matmuls on CUDA; text
+    # from any tokenizer.json, Hugging Face `datasets` (a builder such as json/parquet/text, or
+    # a local dataset folder) over data_files, and the documents' text field.
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str | None = None
+    eval_every: int = 0
+    peak_tflops: float | None = None
+    tf32: bool = True
+    tokenizer: str | None = None
+    dataset: str | None = None
+    data_files: list[str] = dataclasses.field(default_factory=list)
+    text_field: str = "text"
     # 2: the shared precision words (strategy.DTYPES); configs without it are version 1, whose
     # dtype "bf16" meant bf16 compute with fp32 master state (now "bf16-mixed")
     config_version: int = 2
@@ -160,11 +175,23 @@ class TrainConfig:
             if p > 0 and strategy.is_sdp:
                 bad(f"{name} is a DDP baseline; use it with --strategy ddp")
         self._validate_composition(bad)
+        self._validate_ecosystem(bad)
         if strategy.backward_masked and self.ckpt_every % self.refresh_every:
             # Between refreshes non-holders hold stale copies that no shard records, so only
             # a checkpoint right after a refresh step resumes exactly.
             bad(f"--ckpt-every ({self.ckpt_every}) must be a multiple of --refresh-every "
                 f"({self.refresh_every}) under {self.strategy}")
+
+    def _validate_ecosystem(self, bad: Any) -> None:
+        from subnetdp.metrics.tracking import check_sinks
+
+        check_sinks(tensorboard=self.tensorboard, wandb=self.wandb or bool(self.wandb_project))
+        if self.eval_every < 0:
+            bad(f"--eval-every must be >= 0 (0 = at the end only), got {self.eval_every}")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            bad(f"--peak-tflops must be > 0, got {self.peak_tflops}")
+        if (self.dataset or self.data_files) and self.data_dir:
+            bad("--dataset/--data-files and --data-dir are two sources of text; pick one")
 
     def _validate_composition(self, bad: Any) -> None:
         """What ``Composition.check`` cannot see: the run's regularisers and checkpoints."""

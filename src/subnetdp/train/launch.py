@@ -12,6 +12,7 @@ CUDA) and returns ``(rank, world_size)``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import logging
 import os
@@ -242,12 +243,14 @@ def _preserved_process_state() -> Iterator[None]:
             os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env
 
 
-def init_distributed(backend: str | None = None) -> tuple[int, int]:
+def init_distributed(backend: str | None = None,
+                     timeout: float | None = None) -> tuple[int, int]:
     """Create the default process group in a worker and return ``(rank, world_size)``.
 
     ``backend=None`` picks NCCL when CUDA is available (and pins the worker to GPU
-    ``LOCAL_RANK``), else gloo. Outside any launcher this makes a one-process group, so the
-    same training code also runs as a plain script. Idempotent.
+    ``LOCAL_RANK``), else gloo. ``timeout``: seconds a collective may wait before the group
+    fails (NCCL's watchdog; None: torch's default, 10 min). Outside any launcher this makes a
+    one-process group, so the same training code also runs as a plain script. Idempotent.
     """
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
     if dist.is_initialized():
@@ -256,11 +259,14 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    wait = None if timeout is None else datetime.timedelta(seconds=timeout)  # None: default
     if under_launcher():
-        dist.init_process_group(backend=backend)  # env:// rendezvous set up by the launcher
+        # env:// rendezvous set up by the launcher
+        dist.init_process_group(backend=backend, timeout=wait)
     else:
         # An in-memory store: no port to pick and nothing shared with other runs.
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=wait)
     return dist.get_rank(), dist.get_world_size()
 
 

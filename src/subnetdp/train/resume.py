@@ -9,13 +9,11 @@ explains why a resumed run replays the steps after its checkpoint.
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.checkpoint import RunStoppedError, check_compatible
@@ -36,12 +34,12 @@ __all__ = [
     "NonFiniteLossError",
     "check_fresh_run_dir",
     "drop_replayed_metrics",
+    "not_finite_error",
     "preflight_resume",
     "restart_count",
     "resume_config",
     "resume_source",
     "state_finite",
-    "stop_if_not_finite",
     "truncate_metrics",
 ]
 
@@ -49,7 +47,10 @@ __all__ = [
 # maths (``steps`` extends the run; the cosine schedule is then computed for the new length).
 RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "max_restarts",
                                 "eval_batches", "memory_step", "log_every", "resume",
-                                "min_nproc"})
+                                "min_nproc",
+                                # watching the run (metrics/tracking.py)
+                                "tensorboard", "wandb", "wandb_project", "eval_every",
+                                "peak_tflops"})
 # What --reshard may change besides: the world size and the plan ([Note: resharded resume]).
 RESHARD_OVERRIDABLE = frozenset({"nproc", "coverage", "scheme", "balance", "min_holders",
                                  "plan_file", "neuron_groups", "neuron_kinds", "rotate"})
@@ -176,7 +177,8 @@ def drop_replayed_metrics(path: Path, start: int, *, resumed: bool) -> list[floa
 # (and so before every checkpoint) each rank takes the max-abs norm of every tensor it trains
 # and of their optimizer state (``torch._foreach_norm``, one fused kernel per dtype, no host
 # sync: a max is finite exactly when every value is, and cannot overflow as a 2-norm can) and
-# adds that one flag to the loss it already gathers, so the check costs no extra collective.
+# adds that one flag to the losses it already gathers (trainer._Window.flush), so the check
+# costs no extra collective.
 # A checkpoint is written only after its state passed, so the checkpoint a stopped run names
 # holds finite weights.
 def state_finite(model: Any, opt: torch.optim.Optimizer) -> torch.Tensor:
@@ -193,26 +195,16 @@ def state_finite(model: Any, opt: torch.optim.Optimizer) -> torch.Tensor:
     return torch.stack([n.float() for n in norms]).isfinite().all().float()
 
 
-def stop_if_not_finite(loss: float, step: int, run_dir: Path, device: torch.device,
-                       state_ok: torch.Tensor | None = None, state_step: int | None = None) -> None:
-    """Collective: every rank learns whether any rank's loss, or its state after step
-    ``state_step`` (``state_ok``, from ``state_finite``), is NaN/inf, and all stop at the same
-    step, before the next checkpoint, so the newest checkpoint stays the last good one."""
-    ok = torch.ones((), device=device) if state_ok is None else state_ok.to(device)
-    mine = torch.stack([torch.tensor(loss, dtype=torch.float64, device=device),
-                        ok.to(torch.float64)])
-    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, mine)
-    rows = [t.tolist() for t in gathered]
-    bad = {r: v[0] for r, v in enumerate(rows) if not math.isfinite(v[0])}
-    broken = [r for r, v in enumerate(rows) if v[1] != 1.0]
-    if not bad and not broken:
-        return
+def not_finite_error(run_dir: Path, *, step: int, bad: dict[int, float] | None = None,
+                     broken: list[int] | None = None) -> NonFiniteLossError:
+    """The error that stops every rank at once: non-finite losses ``bad`` (by rank) at
+    ``step``, or ranks ``broken`` whose state after ``step`` is not finite; it names the last
+    good checkpoint (every checkpoint's state passed the guard)."""
     found = list_checkpoints(checkpoints_root(run_dir))
     kept = (f"the last good checkpoint is kept: {found[-1]}" if found else
             "no checkpoint had been written (use --ckpt-every N to keep progress)")
     what = (f"the loss is not finite at step {step} (loss by rank: {bad})" if bad else
-            f"the weights or optimizer state after step {state_step} are not finite on "
+            f"the weights or optimizer state after step {step} are not finite on "
             f"rank(s) {broken} (the losses so far were finite)")
-    raise NonFiniteLossError(f"{what}; training stopped and {kept}. Lower --lr or set "
-                             "--grad-clip and start a new run")
+    return NonFiniteLossError(f"{what}; training stopped and {kept}. Lower --lr or set "
+                              "--grad-clip and start a new run")

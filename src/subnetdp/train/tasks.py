@@ -29,10 +29,13 @@ class LMTask:
 
     def __init__(self, cfg: TrainConfig) -> None:
         from subnetdp.data import prepare_text
+        from subnetdp.data.hf import TextSource
 
         assert cfg.batch_size is not None and cfg.seq_len is not None
         self.cfg = cfg
-        self.data = prepare_text(vocab_size=cfg.vocab_size or 4096, data_dir=cfg.data_dir)
+        source = TextSource(cfg.dataset, tuple(cfg.data_files), cfg.text_field)
+        self.data = prepare_text(vocab_size=cfg.vocab_size or 4096, data_dir=cfg.data_dir,
+                                 tokenizer=cfg.tokenizer or "bpe", source=source)
         self.items_per_batch = cfg.batch_size * cfg.seq_len
 
     def model_overrides(self) -> dict[str, Any]:

@@ -16,7 +16,15 @@ import torch.distributed as dist
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.metrics.memory import measure_step_memory
 from subnetdp.metrics.progress import Progress
-from subnetdp.metrics.sinks import JsonlSink, rank_jsonl_path, write_json_atomic
+from subnetdp.metrics.sinks import JsonlSink, rank_jsonl_path, val_jsonl_path, write_json_atomic
+from subnetdp.metrics.tracking import (
+    GLOBAL_AVG_LOSS,
+    GRAD_NORM,
+    MAX_ACTIVE,
+    MFU,
+    Tracker,
+    peak_flops,
+)
 from subnetdp.models import get_recipe
 from subnetdp.plan import diagnostics, worker_bytes
 from subnetdp.runtime.rank import RankModel
@@ -24,12 +32,14 @@ from subnetdp.subnet.build import build_full_model
 from subnetdp.train.build import build_plan, build_rank, make_optimizer, save_plan
 from subnetdp.train.checkpoint import Checkpointer, RunStoppedError, run_info
 from subnetdp.train.config import TrainConfig
+from subnetdp.train.device import run_device, to_device
+from subnetdp.train.flops import rank_step_flops
 from subnetdp.train.launch import init_distributed, shutdown_distributed
 from subnetdp.train.resume import (
     drop_replayed_metrics,
+    not_finite_error,
     resume_source,
     state_finite,
-    stop_if_not_finite,
 )
 from subnetdp.train.tasks import Task, make_task
 
@@ -52,12 +62,6 @@ def train_step(
     sched.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach(), None if norm is None else norm.detach()
-
-
-def _device(cfg: TrainConfig) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
@@ -96,20 +100,41 @@ class _Window:
         self.norms.append(norm)
         self.rows.append(row)
 
-    def flush(self, sink: JsonlSink, out: Path, device: torch.device,
+    def flush(self, sink: JsonlSink, out: Path, tracker: Tracker,
               state_ok: torch.Tensor) -> list[float]:
         """Write the window's lines; raise ``NonFiniteLossError`` on every rank at once if any
-        rank's loss, or its state now (``state_ok``), went NaN/inf. Returns the losses."""
+        rank's loss, or its state now (``state_ok``, ``resume.state_finite``), went NaN/inf.
+        Returns this rank's losses.
+
+        One all-gather of the window's losses and the state flag gives every rank the
+        all-rank average of each step (``loss_metrics/global_avg_loss``) and whether any rank
+        diverged; one host sync reads it with the gradient norms."""
         if not self.steps:
             return []
-        losses = torch.stack(self.losses).float().tolist()
-        norms = [None if n is None else float(n) for n in self.norms]
-        for step, loss, norm, row in zip(self.steps, losses, norms, self.rows, strict=True):
-            sink.log(step, {"loss": loss, **({"grad_norm": norm} if norm is not None else {}),
-                            **row})
-        bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
-        at = len(losses) - 1 if bad is None else bad
-        stop_if_not_finite(losses[at], self.steps[at], out, device, state_ok, self.steps[-1])
+        mine = torch.cat([torch.stack(self.losses).to(torch.float64),
+                          state_ok.to(self.losses[0].device, torch.float64).reshape(1)])
+        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, mine)
+        rows = torch.stack(everyone).tolist()  # [world][steps + 1]: losses, then the flag
+        by_rank = [r[:-1] for r in rows]
+        losses = by_rank[dist.get_rank()]
+        known = [n for n in self.norms if n is not None]
+        norm_values = iter(torch.stack(known).float().tolist() if known else [])
+        norms = [None if n is None else next(norm_values) for n in self.norms]
+        for i, (step, loss, norm, row) in enumerate(
+                zip(self.steps, losses, norms, self.rows, strict=True)):
+            record = {"loss": loss,
+                      GLOBAL_AVG_LOSS: statistics.fmean(r[i] for r in by_rank),
+                      **({GRAD_NORM: norm} if norm is not None else {}), **row}
+            sink.log(step, record)
+            tracker.log(step, {k: v for k, v in record.items() if k != "loss"})
+        for i, step in enumerate(self.steps):
+            bad = {r: v[i] for r, v in enumerate(by_rank) if not math.isfinite(v[i])}
+            if bad:
+                raise not_finite_error(out, step=step, bad=bad)
+        broken = [r for r, row in enumerate(rows) if row[-1] != 1.0]
+        if broken:
+            raise not_finite_error(out, step=self.steps[-1], broken=broken)
         self._clear()
         return losses
 
@@ -129,7 +154,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    device = _device(cfg)
+    device = run_device(cfg)
     recipe = get_recipe(cfg.recipe)
     task = make_task(cfg)
     overrides = task.model_overrides()
@@ -154,11 +179,23 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress, desc=cfg.strategy)
     comm = model.comm_stats
     window = _Window()
+    peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                      cfg.peak_tflops)
+    flops = (rank_step_flops(cfg, recipe, overrides, plan, model.strategy, rank)
+             if peak is not None else None)
+    max_active: float | None = None  # CPU: known from the memory step on
+    val_sink = None
+    if rank == 0:
+        drop_replayed_metrics(val_jsonl_path(out), start, resumed=source is not None)
+        val_sink = JsonlSink(val_jsonl_path(out))
+    tracker = Tracker(out, tensorboard=cfg.tensorboard,
+                      wandb_project=cfg.wandb_project or ("subnetdp" if cfg.wandb else None),
+                      config=cfg.to_dict(), enabled=rank == 0)
     loop_start = time.perf_counter()
     with JsonlSink(rank_jsonl_path(out, rank)) as sink:
         for step in range(start, cfg.steps):
-            x, y = next(batches)
-            batch = (x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+            batch = to_device(next(batches), device)
+            lr = sched.get_last_lr()[0]  # the rate this step uses
             sent_before, refreshed_before = comm.total_bytes, comm.total_refresh_bytes
             t0 = time.perf_counter()
             if step == cfg.memory_step:
@@ -168,6 +205,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                     grad_tensors=model.grad_buffers(),
                 )
                 memory = report.to_dict()
+                max_active = report.peak_bytes / 2**30
             else:
                 loss, norm = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0)
             dt = time.perf_counter() - t0
@@ -178,21 +216,31 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             step_bytes.append(comm.total_bytes - sent_before)
             refresh_bytes.append(comm.total_refresh_bytes - refreshed_before)
             tps = task.items_per_batch / dt
+            if device.type == "cuda":  # the allocator's counter: no sync
+                max_active = torch.cuda.max_memory_allocated(device) / 2**30
             window.add(step, loss, norm, {
-                "lr": sched.get_last_lr()[0], "time/step_s": dt, "throughput(tps)": tps,
+                "lr": lr, "time/step_s": dt, "throughput(tps)": tps,
+                **({MFU: 100 * flops / dt / peak} if flops is not None and peak else {}),
+                **({MAX_ACTIVE: max_active} if max_active is not None else {}),
                 "comm/bytes_per_step": step_bytes[-1],
                 "comm/refresh_bytes_per_step": refresh_bytes[-1]})
             done = step + 1
             due = ckpt.due(done)
             if due or done % cfg.log_every == 0 or done == cfg.steps:
-                losses += window.flush(sink, out, device, state_finite(model, opt))
+                losses += window.flush(sink, out, tracker, state_finite(model, opt))
                 progress.update(done, loss=losses[-1], tps=tps * world)
             if due:
                 ckpt.save(done)
-    progress.close()
-    train_time = time.perf_counter() - loop_start
-
-    evaluation = _evaluate(model, recipe, task, device, overrides, rank)
+            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+                _log_evaluation(step, _evaluate(model, recipe, task, device, overrides, rank),
+                                val_sink, tracker)
+        progress.close()
+        train_time = time.perf_counter() - loop_start
+        evaluation = _evaluate(model, recipe, task, device, overrides, rank)  # the summary's
+        _log_evaluation(cfg.steps - 1, evaluation, val_sink, tracker)
+    tracker.close()
+    if val_sink is not None:
+        val_sink.close()
     median = statistics.median(times) if times else float("nan")
     wb = worker_bytes(plan, rank, masking=model.strategy.cost_masking)
     stats = {
@@ -203,6 +251,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
         "refresh_bytes_per_step": statistics.median(refresh_bytes[1:] or refresh_bytes or [0]),
         "units_held": plan.held_units(rank),
         "peak_memory_bytes": memory.get("peak_bytes"),
+        "max_active": max_active,  # GiB; the summary's memory/max_active(GiB)
         "memory": memory,
         "comm_bytes_per_step": statistics.median(step_bytes[1:] or step_bytes or [0]),
         "comm_ring_bytes_per_step": wb.allreduce_ring,
@@ -220,6 +269,15 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
         summary = _summary(cfg, plan, world, gathered, evaluation, task.items_per_batch)
         write_json_atomic(out / "summary.json", summary)
     return stats
+
+
+def _log_evaluation(step: int, evaluation: dict[str, float], sink: JsonlSink | None,
+                    tracker: Tracker) -> None:
+    """Rank 0's evaluation after ``step`` into ``metrics/val.jsonl`` and the sinks (other
+    ranks have none)."""
+    if evaluation and sink is not None:
+        sink.log(step, evaluation)
+        tracker.log(step, evaluation)
 
 
 def _evaluate(
@@ -256,7 +314,10 @@ def _summary(
         **evaluation,
         "step_time_s": step_time,
         "train_time_s": max(r["train_time_s"] for r in ranks),
-        "throughput(tps)": world * items_per_batch / step_time,
+        # per device, as in the JSONL lines; the world's: throughput_total(tps)
+        "throughput(tps)": items_per_batch / step_time,
+        "throughput_total(tps)": world * items_per_batch / step_time,
+        **_max_active(ranks),
         "params_total": plan.shared_size + sum(u.size for u in plan.units),
         "plan": {k: diag[k] for k in ("unit_coverage", "param_coverage", "mask_error",
                                       "spectral_gap", "holders")},
@@ -265,3 +326,9 @@ def _summary(
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "config": cfg.to_dict(),
     }
+
+
+def _max_active(ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """``memory/max_active(GiB)`` of the run: the largest rank's (when measured)."""
+    values = [r["max_active"] for r in ranks if r.get("max_active") is not None]
+    return {MAX_ACTIVE: max(values)} if values else {}

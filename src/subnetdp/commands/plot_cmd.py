@@ -1,0 +1,32 @@
+"""``subnetdp plot RUN [RUN...]``: loss and memory curves of finished runs in one PNG."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("plot", help="loss and memory curves of runs (PNG)")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (subnetdp train --out)")
+    p.add_argument("--out", default=None, metavar="PNG",
+                   help="the figure (default: RUN/curves.png of the first run)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from subnetdp.metrics.curves import plot_runs
+
+    runs = [Path(r) for r in args.runs]
+    out = Path(args.out) if args.out else runs[0] / "curves.png"
+    try:
+        plot_runs(runs, out)
+    except ImportError:
+        print("subnetdp plot: needs matplotlib: `pip install 'subnetdp[plot]'`", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"subnetdp plot: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0

@@ -1,0 +1,122 @@
+"""Text documents through Hugging Face ``datasets``, from local files only (extra ``data``).
+
+``--dataset json|parquet|text|csv|arrow --data-files 'shards/*.parquet'`` loads with that
+builder; ``--dataset FOLDER`` a dataset saved with ``save_to_disk`` (its ``train`` split);
+``--data-files`` alone picks the builder from the files' suffix. The hub is never contacted
+(``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` default to 1 here) and datasets' own cache lives in
+subnetdp's (``cache_dir()/hf-datasets``).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from subnetdp.data.locate import DatasetMissingError
+from subnetdp.data.text import CorpusFile, Document, corpus_files
+from subnetdp.data.tokenizer import cache_dir
+
+_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text",
+             ".csv": "csv", ".arrow": "arrow"}
+_INSTALL = "pip install 'subnetdp[data]'"
+
+
+def hf_files(dataset: str | None, data_files: list[str]) -> list[CorpusFile]:
+    """The local files a ``--dataset``/``--data-files`` source reads (the token cache key)."""
+    if dataset is not None and Path(dataset).expanduser().is_dir() and not data_files:
+        root = Path(dataset).expanduser()
+        return [CorpusFile(p.relative_to(root).as_posix(), p)
+                for p in sorted(root.rglob("*")) if p.is_file()]
+    found: list[Path] = []
+    for pattern in data_files:
+        matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+        if not matched:
+            raise DatasetMissingError(f"--data-files {pattern!r} matches no file; give existing "
+                                      f"local files (globs allowed)")
+        found += [Path(m) for m in matched]
+    if not found:
+        raise DatasetMissingError("--dataset needs --data-files (local files) or a folder "
+                                  "saved with datasets' save_to_disk")
+    return [CorpusFile(p.resolve().as_posix(), p) for p in found]
+
+
+def hf_documents(dataset: str | None, data_files: list[str], *, text_field: str = "text",
+                 max_docs: int | None = None) -> list[Document]:
+    """One document per row with a non-empty ``text_field``, in file order."""
+    files = hf_files(dataset, data_files)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetMissingError(f"--dataset/--data-files need Hugging Face datasets: "
+                                  f"`{_INSTALL}`") from None
+    ds: Any
+    cache = str(cache_dir() / "hf-datasets")
+    if dataset is not None and Path(dataset).expanduser().is_dir() and not data_files:
+        ds = datasets.load_from_disk(str(Path(dataset).expanduser()))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"]
+    else:
+        builder = dataset or _builder([f.path for f in files])
+        ds = datasets.load_dataset(builder, data_files=[str(f.path) for f in files],
+                                   split="train", cache_dir=cache)
+    if text_field not in ds.column_names:
+        raise ValueError(f"the dataset has no field {text_field!r} (fields: "
+                         f"{', '.join(ds.column_names)}); pass --text-field NAME")
+    docs = []
+    for i, text in enumerate(ds[text_field]):
+        if isinstance(text, str) and text.strip():
+            docs.append(Document(f"hf:{i}", text))
+            if max_docs is not None and len(docs) >= max_docs:
+                break
+    return docs
+
+
+def _builder(paths: list[Path]) -> str:
+    kinds = {_BUILDERS.get(p.suffix.lower()) for p in paths}
+    if len(kinds) != 1 or None in kinds:
+        suffixes = sorted({p.suffix for p in paths})
+        raise ValueError(f"cannot tell the format of --data-files ({suffixes}); pass "
+                         f"--dataset json|parquet|text|csv|arrow")
+    return str(kinds.pop())
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """Where text comes from besides ``data_dir``: a ``datasets`` source, and the documents'
+    field. The default is the packaged corpus (or ``data_dir``) with field ``text``."""
+
+    dataset: str | None = None
+    data_files: tuple[str, ...] = ()
+    text_field: str = "text"
+
+    @property
+    def is_hf(self) -> bool:
+        return self.dataset is not None or bool(self.data_files)
+
+    def corpus(self, data_dir: str | None) -> list[CorpusFile]:
+        """The files read: the token cache's key."""
+        return hf_files(self.dataset, list(self.data_files)) if self.is_hf else corpus_files(
+            data_dir)
+
+    def key(self, tokenizer: str) -> dict[str, Any]:
+        """What the cache key adds for non-default sources (none for the default, so that
+        existing entries stay valid): the source, the field, a tokenizer file's content."""
+        extra: dict[str, Any] = {}
+        if self.is_hf:
+            extra["dataset"] = self.dataset if self.dataset is None or not Path(
+                self.dataset).is_dir() else "folder"
+        if self.text_field != "text":
+            extra["text_field"] = self.text_field
+        if tokenizer not in ("bpe", "gpt2"):
+            path = Path(tokenizer).expanduser()
+            if not path.is_file():
+                raise ValueError(f"--tokenizer {path}: no such file; give a tokenizer.json, "
+                                 f"or gpt2")
+            extra["tokenizer_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return extra
