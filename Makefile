@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-done
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-faults lint bench bench-balanced study clean
+.PHONY: setup demo test test-faults lint bench bench-balanced study study-long clean
 
 setup: $(STAMP)
 
@@ -82,6 +82,13 @@ bench-balanced: $(STAMP)
 # Resumable: runs/study keeps finished runs. `... compare --suite quality --quick`: < 10 min.
 study: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m subnetdp.cli compare --suite quality
+
+# The convergence study (docs/results/convergence.md, study/convergence.py): ddp, b-sdp, n-sdp,
+# bb-sdp at C = 0.5 on llama-tiny until DDP's curve flattens, ResNet-18 on all of Fashion-MNIST
+# and on 3,000 of its images (over-fitting), step- and FLOP-matched, downstream evaluation of
+# every LLaMA run; sized for ~3 h on a quiet 2-core machine. Resumable (runs/study-long).
+study-long: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m subnetdp.cli compare --suite convergence
 
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/out

@@ -3,12 +3,16 @@
 Scores are lm-eval's zero-shot log-likelihood multiple choice: ``acc`` picks the choice with
 the highest summed log-probability, ``acc_norm`` divides by its length in bytes first. Each
 task's chance level is the mean of 1 / (number of choices) over the documents evaluated, so
-a model that guesses scores it in expectation; lm-eval truncates contexts on the left to the
-model's ``max_position_embeddings`` (the context it was trained on).
+a model that guesses scores it in expectation. lm-eval truncates contexts on the left to the
+evaluation length: the context the model was trained on (``max_position_embeddings``), but at
+least ``MIN_LENGTH`` tokens, since lm-eval cannot score a continuation longer than it (some
+HellaSwag endings exceed 32 tokens); rotary positions run past the trained context, the
+quality of the scores there is the model's.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import statistics
@@ -18,6 +22,7 @@ from typing import Any
 from subnetdp.evals.tasks import LmEvalMissingError, data_root, lm_eval_config
 
 METRICS = ("acc", "acc_norm")
+MIN_LENGTH = 128
 
 
 def _offline() -> None:
@@ -29,7 +34,8 @@ def _offline() -> None:
 def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int | None = None,
                         batch_size: int = 16) -> dict[str, Any]:
     """``{"tasks": {name: {acc, acc_stderr, acc_norm, acc_norm_stderr, chance, n}},
-    "macro": {acc, acc_norm, chance}, "limit", "model"}`` of the HF folder ``model_dir``."""
+    "macro": {acc, acc_norm, chance}, "limit", "max_length", "model"}`` of the HF folder
+    ``model_dir``."""
     root = data_root()  # a missing data package is reported before anything loads
     configs = [lm_eval_config(t, root) for t in tasks]
     _offline()
@@ -47,8 +53,10 @@ def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int |
     # lm-eval warns once per truncated request; the module docstring says what truncation does
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     transformers.logging.set_verbosity_error()
+    trained = json.loads((Path(model_dir) / "config.json").read_text())
+    max_length = max(int(trained.get("max_position_embeddings", MIN_LENGTH)), MIN_LENGTH)
     lm = HFLM(pretrained=str(model_dir), device="cpu", batch_size=batch_size,
-              dtype=torch.float32)
+              dtype=torch.float32, max_length=max_length)
     out = lm_eval.simple_evaluate(
         model=lm, tasks=configs, limit=limit, log_samples=True,
         task_manager=TaskManager(include_defaults=False),
@@ -65,7 +73,8 @@ def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int |
         per_task[name] = row
     macro = {k: statistics.fmean(r[k] for r in per_task.values())
              for k in (*METRICS, "chance")}
-    return {"model": str(model_dir), "limit": limit, "tasks": per_task, "macro": macro}
+    return {"model": str(model_dir), "limit": limit, "max_length": max_length,
+            "tasks": per_task, "macro": macro}
 
 
 def _float(v: Any) -> float:

@@ -3,11 +3,11 @@
 Three regimes, ddp / b-sdp / n-sdp / bb-sdp at C = 0.5 on 4 CPU workers, step- and
 FLOP-matched (suite.py), one seed:
 
-- ``llama``: llama-tiny on the packaged corpus (4.2 M training tokens) at 8 x 128 tokens per
+- ``llama``: llama-tiny on the packaged corpus (4.2 M training tokens) at 4 x 128 tokens per
   worker, trained until DDP's validation curve has flattened. Criterion (``flattened``): the
   curve's relative change over the last fifth of training is under 1%; with periodic
   validation (``--eval-every``) the validation loss is used, else the smoothed training loss.
-- ``resnet``: ResNet-18 at width 16 on all 60,000 Fashion-MNIST images for several epochs
+- ``resnet``: ResNet-18 at width 12 on all 60,000 Fashion-MNIST images for several epochs
   (DDP is expected at >= 90% test accuracy on all 10,000 test images).
 - ``overfit``: the same model on a fixed 3,000-image subset for many epochs, where DDP's
   training accuracy nears 100% while its test accuracy stalls: the regime where the paper
@@ -34,7 +34,9 @@ from subnetdp.train.config import TrainConfig
 DOWNSTREAM_FILE = "downstream.json"
 TRAIN_EVAL_FILE = "train_eval.json"
 DOWNSTREAM_TASKS = ("arc_easy", "boolq", "hellaswag", "openbookqa", "sciq")
-DOWNSTREAM_LIMIT = 500  # documents per task: ~2 % standard error on accuracy, ~1 min per run
+# documents per task: ~2% standard error on accuracy; ~100 s of CPU per run (measured: 1m39s
+# user time for a llama-tiny run at seq_len 128, 5 tasks)
+DOWNSTREAM_LIMIT = 500
 FLAT_FRACTION, FLAT_TOLERANCE = 0.2, 0.01  # under 1 % change over the last fifth
 METHODS = ("ddp", "b-sdp", "n-sdp", "bb-sdp")
 
@@ -66,13 +68,19 @@ def _suite(name: str, llama_steps: int, resnet_steps: int, overfit_steps: int,
         coverages=(0.5,), methods=METHODS, seeds=1, nproc=4)
 
 
-# Sizing (measured step times on the shared 2-core machine: see docs/results/convergence.md
-# and the estimate in `subnetdp compare --suite convergence --estimate`).
+# Sizing, from 20-step timings of every method on a loaded machine, scaled to a quiet one by
+# the quality study's measured DDP step times (llama-tiny 8 x 32: 0.26 s; ResNet width 8:
+# 0.11 s) and its step-time ratios of the SDP variants to DDP: llama-tiny at 4 x 128 tokens
+# ~0.36 s per DDP step, ResNet-18 at width 12 ~0.18 s. Estimated wall time on a quiet machine:
+# llama ~76 min (2,000 steps = 1 epoch of the corpus; 6 downstream evaluations ~11 min of it),
+# resnet ~58 min (2,000 steps = 4.3 epochs), overfit ~28 min (1,000 steps = 43 epochs of 3,000
+# images): ~2.7 h in all, start-up and evaluations included. On a loaded machine it is
+# several times longer (the 20-step timings ran at a load average of 10-16 on 2 cores).
 CONVERGENCE = _suite(
-    "convergence", llama_steps=1200, resnet_steps=2400, overfit_steps=1200,
-    llama={"batch_size": 8, "seq_len": 128, "warmup": 60, "eval_batches": 16},
+    "convergence", llama_steps=2000, resnet_steps=2000, overfit_steps=1000,
+    llama={"batch_size": 4, "seq_len": 128, "warmup": 100, "eval_batches": 32},
     # all 10,000 test images: 79 batches of 128
-    image={"batch_size": 32, "model_args": {"width": 16}, "eval_batches": 79},
+    image={"batch_size": 32, "model_args": {"width": 12}, "eval_batches": 79},
     overfit_images=3000)
 
 # --quick: the same cells, a few steps each on small models (seconds per cell); the test suite

@@ -104,23 +104,26 @@ def flat_check(task: TaskSpec, ddp: CellResult | None, curves: dict[str, Any]) -
 
 
 def wall_table(task: TaskSpec, cells: list[CellResult], runs: Path, nproc: int) -> str:
-    """Each run's training time against DDP's and its quality at DDP's training time."""
+    """Each run's training time (rank 0's summed step times) against DDP's, and its loss once
+    it had trained as long as DDP did: the validation loss where every run has periodic
+    validation, else the training loss averaged over the last 5% of the steps by then."""
     curves = {r.cell: run_curves(cell_dir(runs, r.cell, nproc)) for r in cells}
     ddp = next((r for r in cells if is_reference(r.cell.method)), None)
-    t_ddp = ddp.summary["train_time_s"] if ddp is not None and ddp.summary else float("nan")
-    lm = task.metric == "val_loss"
-    head = ["run", "steps", "train time (s)", "time / ddp", "final " + task.metric,
-            "val loss at ddp's time" if lm else "train loss at ddp's time"]
+    t_ddp = curves[ddp.cell]["train"][-1][1] if ddp and curves[ddp.cell]["train"] else math.nan
+    use_val = bool(cells) and all(curves[r.cell]["val"] for r in cells)
+    window = max(1, task.steps // 20)
+    head = ["run", "steps", "training time (s)", "time / ddp", "final " + task.metric,
+            ("val loss" if use_val else f"train loss ({window}-step avg)") + " at ddp's time"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in cells:
         assert r.summary is not None
-        t = float(r.summary["train_time_s"])
         c = curves[r.cell]
-        curve = c["val"] if c["val"] else c["train"]
-        at = value_at_time(curve, t_ddp) if c["val"] or not lm else float("nan")
-        if not c["val"]:  # training loss: a short trailing average, not one noisy batch
-            pts = [p for p in c["train"] if p[1] <= t_ddp][-max(1, task.steps // 20):]
-            at = sum(p[2] for p in pts) / len(pts) if pts else float("nan")
+        t = c["train"][-1][1] if c["train"] else math.nan
+        if use_val:
+            at = value_at_time(c["val"], t_ddp)
+        else:
+            pts = [p[2] for p in c["train"] if p[1] <= t_ddp][-window:]
+            at = sum(pts) / len(pts) if pts else math.nan
         lines.append(f"| {_label(r, task)} | {r.cell.steps} | {t:.0f} | "
                      f"{_fmt(t / t_ddp, 2)} | {_fmt(r.summary.get(task.metric))} | {_fmt(at)} |")
     return "\n".join(lines)
@@ -183,11 +186,12 @@ def findings(task: TaskSpec, rows: dict[str, list[Row]]) -> list[str]:
                 continue  # the step-matched run again
             delta = r.quality.mean - base.quality.mean
             better = delta < 0 if task.metric == "val_loss" else delta > 0
+            verdict = "same" if abs(delta) < 5e-5 else "better" if better else "worse"
             mem = (f"{r.memory.mean / base.memory.mean:.2f}x DDP's peak memory per worker"
                    if r.memory.n and base.memory.n else "memory not measured")
             out.append(f"{r.label} ({budget}-matched, {r.steps} steps): {task.metric} "
                        f"{r.quality.mean:.4f} vs DDP {base.quality.mean:.4f} "
-                       f"({delta:+.4f}, {'better' if better else 'worse'}), {mem}.")
+                       f"({delta:+.4f}, {verdict}), {mem}.")
     return out
 
 

@@ -34,8 +34,8 @@ def fmnist_subset(runs: Path, n: int) -> Path:
 
     out = runs / "data" / f"fmnist-train{n}"
     img_name, lab_name = FMNIST_FILES["train"]
-    if (out / f"{lab_name}.gz").exists():  # written last
-        return out
+    if all((out / f"{name}.gz").exists() for pair in FMNIST_FILES.values() for name in pair):
+        return out  # complete (each file is renamed into place whole)
     src = locate.fashion_mnist_dir()
     images = read_idx(src / f"{img_name}.gz", magic=_IDX_IMAGES)
     labels = read_idx(src / f"{lab_name}.gz", magic=_IDX_LABELS)
