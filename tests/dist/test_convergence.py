@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from subnetdp.study.convergence import DOWNSTREAM_FILE, SMOKE, TRAIN_EVAL_FILE, after_cell
-from subnetdp.study.convergence_report import write_convergence
 from subnetdp.study.runner import cell_dir, run_suite
 from subnetdp.study.suite import select
 
@@ -26,7 +25,8 @@ HAVE_EVAL = all(importlib.util.find_spec(m) for m in ("lm_eval", "olmo_eval", "t
 
 @pytest.mark.slow  # ~1 min on a quiet machine: 6 short runs and 3 downstream evaluations
 @pytest.mark.timeout(900)
-def test_convergence_smoke(tmp_path: Path) -> None:
+def test_convergence_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture[str]) -> None:
     from subnetdp.data import DatasetMissingError
     from subnetdp.data.locate import fashion_mnist_dir
 
@@ -53,11 +53,17 @@ def test_convergence_smoke(tmp_path: Path) -> None:
             assert train["train_samples"] == 64 and 0 <= train["train_accuracy"] <= 1
     assert (runs / "data" / "fmnist-train64").is_dir()
 
-    before = len(logs)
-    run_suite(suite, runs, log=logs.append, after=after)  # resumed: nothing to do
-    assert all("done before" in m for m in logs[before:])
+    # The CLI on the same cells (its --quick suite swapped for this one): it resumes, trains
+    # and evaluates nothing, and writes the results.
+    from subnetdp.cli import main
+    from subnetdp.study import convergence
 
-    written = write_convergence(suite, results, runs, tmp_path / "out", command="test")
+    monkeypatch.setattr(convergence, "SMOKE", suite)
+    assert main(["compare", "--suite", "convergence", "--quick", "--runs", str(runs),
+                 "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("done before") == 6 and "downstream macro" not in printed
+    written = sorted((tmp_path / "out").iterdir())
     md = (tmp_path / "out" / "convergence.md").read_text()
     for part in ("## llama: llama-tiny", "## overfit: resnet18-fmnist, S = 3 steps, 64 training",
                  "Convergence criterion: DDP's training loss", "### Wall-clock view",
