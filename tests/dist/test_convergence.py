@@ -52,6 +52,10 @@ def test_convergence_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             train = json.loads((d / TRAIN_EVAL_FILE).read_text())
             assert train["train_samples"] == 64 and 0 <= train["train_accuracy"] <= 1
     assert (runs / "data" / "fmnist-train64").is_dir()
+    if HAVE_EVAL:  # HellaSwag's preprocessing ran in memory, not into the package's folder
+        from subnetdp.evals.tasks import data_root
+
+        assert not list(data_root().rglob("cache-*.arrow"))
 
     # The CLI on the same cells (its --quick suite swapped for this one): it resumes, trains
     # and evaluates nothing, and writes the results.

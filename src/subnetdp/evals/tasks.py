@@ -104,7 +104,10 @@ def parse_tasks(text: str) -> list[str]:
 def _load_local(folder: Path, **_metadata: Any) -> Any:
     import datasets
 
-    return datasets.DatasetDict({"validation": datasets.load_from_disk(str(folder))})
+    # in memory: lm-eval's process_docs (HellaSwag's map) would otherwise write a cache file
+    # into the installed package's folder
+    split = datasets.load_from_disk(str(folder), keep_in_memory=True)
+    return datasets.DatasetDict({"validation": split})
 
 
 def lm_eval_config(name: str, root: Path) -> dict[str, Any]:
