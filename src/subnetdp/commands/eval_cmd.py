@@ -1,7 +1,10 @@
-"""``subnetdp eval``: validation loss (and accuracy) of a checkpoint or an exported model.
+"""``subnetdp eval``: validation loss (and accuracy) of a checkpoint or an exported model;
+with ``--tasks``, downstream zero-shot accuracy through lm-evaluation-harness.
 
 The model is the plain model class built from the recipe, loaded strictly with the full
 state: the same evaluation as the end of ``subnetdp train`` (same validation batches).
+``--tasks`` evaluates a Hugging Face folder (``subnetdp export --format hf``), exporting a
+run or checkpoint into a temporary one first (subnetdp.evals).
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
                    help="where to evaluate (default: the run's own --device; auto = CUDA "
                         "when available)")
+    p.add_argument("--tasks", default=None,
+                   help="downstream tasks instead of validation loss, comma-separated: "
+                        "arc_easy,boolq,hellaswag,openbookqa,sciq (path may also be an "
+                        "`export --format hf` folder)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="--tasks: only the first N documents of each task")
+    p.add_argument("--out", default=None, help="--tasks: also write the result to this JSON file")
 
 
 def load_model_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -89,6 +99,10 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
 
+    if args.tasks is not None:
+        from subnetdp.commands.downstream import run_downstream
+
+        return run_downstream(args)
     try:
         result = evaluate_path(args.path, eval_batches=args.eval_batches, device=args.device)
     except (ValueError, OSError, DatasetMissingError) as e:

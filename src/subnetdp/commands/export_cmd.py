@@ -20,7 +20,11 @@ EXPORT_FORMAT = "subnetdp-export"
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("export", help="write a checkpoint's full model (safetensors)")
     p.add_argument("run", help="runs/NAME (its newest checkpoint) or runs/NAME/checkpoints/step_N")
-    p.add_argument("--out", required=True, help="the .safetensors file to write")
+    p.add_argument("--out", required=True,
+                   help="the .safetensors file to write (--format hf: the folder)")
+    p.add_argument("--format", choices=["safetensors", "hf"], default="safetensors",
+                   help="safetensors: our key names, one file; hf: a LlamaForCausalLM folder "
+                        "(config.json, model.safetensors, the run's tokenizer)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
 
@@ -70,13 +74,20 @@ def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str
 
 
 def run(args: argparse.Namespace) -> int:
+    from subnetdp.hf import export_hf
+
+    export = export_hf if args.format == "hf" else export_checkpoint
     try:
-        info = export_checkpoint(args.run, args.out, overwrite=args.overwrite)
+        info = export(args.run, args.out, overwrite=args.overwrite)
     except (ValueError, OSError) as e:
         print(f"subnetdp export: {e}", file=sys.stderr)
         return 2
     print(f"exported step {info['step']} of {info['checkpoint']}: {info['tensors']} tensors, "
           f"{info['params'] / 1e6:.3f} M values -> {info['out']}")
+    if args.format == "hf":
+        print("load it with: transformers.LlamaForCausalLM.from_pretrained(DIR) and "
+              "AutoTokenizer.from_pretrained(DIR)")
+        return 0
     print("load it with: model.load_state_dict(safetensors.torch.load_file(PATH)) "
           "(model built from the recipe and the 'model_overrides' in the file's metadata)")
     return 0

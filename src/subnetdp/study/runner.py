@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.metrics.sinks import rank_jsonl_path, write_json_atomic
+from subnetdp.study.subset import fmnist_subset
 from subnetdp.study.suite import Cell, Suite, cell_config, enumerate_cells
 
 WALL_FILE = "study_wall.json"  # the cell's wall time, beside summary.json
@@ -75,7 +76,8 @@ def run_cell(suite: Suite, cell: Cell, runs: Path) -> CellResult:
     d = cell_dir(runs, cell, suite.nproc)
     if d.exists():
         shutil.rmtree(d)  # an interrupted run: its folder is not fresh, start it again
-    cfg = cell_config(suite, task, cell, str(d))
+    data_dir = None if task.train_images is None else str(fmnist_subset(runs, task.train_images))
+    cfg = cell_config(suite, task, cell, str(d), data_dir=data_dir)
     t0 = time.perf_counter()
     error = None
     try:
@@ -95,24 +97,29 @@ def run_cell(suite: Suite, cell: Cell, runs: Path) -> CellResult:
 
 
 def run_suite(
-    suite: Suite, runs: Path, *, log: Callable[[str], None] = print
+    suite: Suite, runs: Path, *, log: Callable[[str], None] = print,
+    after: Callable[[CellResult, Path], None] | None = None,
 ) -> list[CellResult]:
-    """Every cell of ``suite``: stored results are reused, missing ones are trained."""
+    """Every cell of ``suite``: stored results are reused, missing ones are trained.
+    ``after(result, run_dir)`` runs on every finished cell, stored or new (its own work, e.g.
+    the downstream evaluation, must skip what it stored before)."""
     cells = enumerate_cells(suite)
     results = []
     t_start = time.perf_counter()
     for i, cell in enumerate(cells, 1):
+        name = cell.run_name_in(suite.nproc)
         stored = load_result(runs, cell, suite.nproc)
         if stored is not None:
             results.append(stored)
-            log(f"[{i}/{len(cells)}] {cell.run_name_in(suite.nproc)}: done before")
-            continue
-        result = run_cell(suite, cell, runs)
-        results.append(result)
-        outcome = "diverged" if result.summary is None else _headline(result.summary)
-        name = cell.run_name_in(suite.nproc)
-        log(f"[{i}/{len(cells)}] {name}: {outcome}, {result.wall_s:.1f} s "
-            f"(suite {time.perf_counter() - t_start:.0f} s)")
+            log(f"[{i}/{len(cells)}] {name}: done before")
+        else:
+            result = run_cell(suite, cell, runs)
+            results.append(result)
+            outcome = "diverged" if result.summary is None else _headline(result.summary)
+            log(f"[{i}/{len(cells)}] {name}: {outcome}, {result.wall_s:.1f} s "
+                f"(suite {time.perf_counter() - t_start:.0f} s)")
+        if after is not None and results[-1].summary is not None:
+            after(results[-1], cell_dir(runs, cell, suite.nproc))
     return results
 
 

@@ -18,6 +18,7 @@ are one run.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,9 @@ class TaskSpec:
     recipe: str
     steps: int  # S, the step-matched budget
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields (batch, lr, ...)
+    # Fashion-MNIST tasks: train on a fixed random subset of this many training images (the
+    # over-fitting regime; study/subset.py writes it under the runs folder), test on all.
+    train_images: int | None = None
 
     @property
     def metric(self) -> str:
@@ -137,11 +141,15 @@ def enumerate_cells(suite: Suite) -> list[Cell]:
     return list(cells)
 
 
-def cell_config(suite: Suite, task: TaskSpec, cell: Cell, out: str) -> TrainConfig:
-    """The TrainConfig of one cell: the task's settings, the method's strategy or baseline."""
+def cell_config(suite: Suite, task: TaskSpec, cell: Cell, out: str,
+                data_dir: str | None = None) -> TrainConfig:
+    """The TrainConfig of one cell: the task's settings, the method's strategy or baseline;
+    ``data_dir``: the task's data folder (its ``train_images`` subset)."""
     fields: dict[str, Any] = dict(task.train)
     fields.update(recipe=task.recipe, steps=cell.steps, seed=cell.seed, nproc=suite.nproc,
                   out=out, progress=False)
+    if data_dir is not None:
+        fields["data_dir"] = data_dir
     if cell.seed > 0:
         # Peak memory depends on shapes, not on the seed: measure it on seed 0 only (the
         # instrumented step costs 1-4 s of a run of a few tens of seconds).
@@ -201,6 +209,6 @@ def select(suite: Suite, *, tasks: list[str] | None = None, seeds: int | None = 
                              f"{[t.name for t in suite.tasks]}")
         chosen = tuple(t for t in suite.tasks if t.name in tasks)
     if steps is not None:
-        chosen = tuple(TaskSpec(t.name, t.recipe, steps, t.train) for t in chosen)
+        chosen = tuple(dataclasses.replace(t, steps=steps) for t in chosen)
     return Suite(suite.name, chosen, suite.coverages, suite.methods,
                  suite.seeds if seeds is None else seeds, suite.nproc)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from subnetdp.hf.tokenizer import save_run_tokenizer
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.metrics.memory import measure_step_memory
 from subnetdp.metrics.progress import Progress
@@ -169,6 +170,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     if rank == 0:
         save_plan(plan, out / "plan.json")
         write_json_atomic(out / "config.json", {**cfg.to_dict(), "nproc": world})
+        save_run_tokenizer(task, out)  # the run keeps its own tokenizer (for export)
 
     batches = task.batches(rank=rank, world=world, start_step=start)  # exact data position
     times: list[float] = []

@@ -1,0 +1,84 @@
+"""``subnetdp export RUN --format hf --out DIR``: a run's LLaMA as a Hugging Face folder.
+
+``DIR`` then loads offline with ``LlamaForCausalLM.from_pretrained(DIR)`` and
+``AutoTokenizer.from_pretrained(DIR)`` and gives the run's own logits. The folder is built
+beside ``DIR`` and renamed into place, so a refused or interrupted export leaves ``DIR`` as it
+was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+# config.json keys recording where the weights came from (HF keeps unknown keys as attributes)
+PROVENANCE = ("subnetdp_recipe", "subnetdp_step", "subnetdp_checkpoint")
+
+
+def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
+              overwrite: bool = False) -> dict[str, Any]:
+    """Verify the checkpoint, rename its full LLaMA state to HF names and write ``out``.
+
+    Returns ``{"checkpoint", "step", "tensors", "params", "out"}``."""
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer
+
+    from subnetdp.data.tokenizer import EOT
+    from subnetdp.hf.llama import hf_config, to_hf_state
+    from subnetdp.hf.tokenizer import hf_tokenizer_files, run_tokenizer
+    from subnetdp.models import get_recipe
+    from subnetdp.models.llama.model import Llama
+    from subnetdp.train.ckpt_io import (
+        assemble_full_state,
+        read_manifest,
+        resolve_checkpoint,
+        verify_files,
+    )
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"{out} already exists and is not empty; pass --overwrite to replace "
+                         "it or choose another --out (nothing was written)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; --format hf writes a folder")
+    ckpt = resolve_checkpoint(source)
+    manifest = read_manifest(ckpt)
+    with torch.device("meta"):
+        model = get_recipe(manifest["recipe"]).build_model(**manifest["model_overrides"])
+    if not isinstance(model, Llama):
+        raise ValueError(f"--format hf exports LLaMA recipes only; {manifest['recipe']} is not "
+                         "one (export it with the default --format safetensors)")
+    tokenizer = run_tokenizer(ckpt.parent.parent)
+    eot_id = Tokenizer.from_file(str(tokenizer)).token_to_id(EOT)
+    if eot_id is None:
+        raise ValueError(f"{tokenizer} has no {EOT} token; it is not the run's tokenizer")
+    verify_files(ckpt, manifest)
+    state = to_hf_state(assemble_full_state(ckpt, manifest))
+    extra = dict(zip(PROVENANCE, (manifest["recipe"], manifest["step"], str(ckpt)),
+                     strict=True))
+    files = {"config.json": json.dumps(hf_config(model.config, eot_id=eot_id, extra=extra),
+                                       indent=2),
+             **hf_tokenizer_files(tokenizer, eot=EOT, max_length=model.config.max_seq_len)}
+
+    staging = out.with_name(f".{out.name}.tmp")
+    old = out.with_name(f".{out.name}.old")
+    for stale in (staging, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        # "format": "pt" is what transformers expects of a PyTorch safetensors file
+        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        for name, text in files.items():
+            (staging / name).write_text(text + "\n")
+        if out.exists():
+            out.rename(old)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return {"checkpoint": str(ckpt), "step": manifest["step"], "tensors": len(state),
+            "params": sum(t.numel() for t in state.values()), "out": str(out)}
