@@ -85,6 +85,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, default=d.max_restarts,
                    help="restart the worker group this many times after a failure; it "
                         "resumes from the newest checkpoint")
+    p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
+                   metavar="S", help="stop the run when a collective waits S seconds for a "
+                                     "peer, naming the rank that hung (also bounds worker "
+                                     "start-up; evaluation and checkpoint writes get longer; "
+                                     "default %(default)g)")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -146,19 +151,32 @@ def _parse_model_arg(text: str) -> tuple[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
     from subnetdp.metrics.report import format_summary
-    from subnetdp.train.launch import WorkerFailedError
+    from subnetdp.train.launch import (
+        RunInterruptedError,
+        WorkerFailedError,
+        WorkerStartTimeoutError,
+    )
     from subnetdp.train.resume import NonFiniteLossError
     from subnetdp.train.run import run_training
+    from subnetdp.train.signals import interrupted_message
 
+    cfg = None
     try:
         cfg = config_from_args(args)
         summary = run_training(cfg)
-    except (ValueError, FileNotFoundError, DatasetMissingError) as e:
+    except (ValueError, OSError, DatasetMissingError) as e:
         print(f"subnetdp train: {e}", file=sys.stderr)
         return 2
-    except (NonFiniteLossError, WorkerFailedError) as e:  # the run started, then stopped
+    except WorkerFailedError as e:  # one line; every rank's traceback is in the run's logs
+        print(f"subnetdp train: {e.summary}", file=sys.stderr)
+        return 1
+    except (NonFiniteLossError, WorkerStartTimeoutError) as e:  # started, then stopped
         print(f"subnetdp train: {e}", file=sys.stderr)
         return 1
+    except RunInterruptedError as e:
+        print(f"subnetdp train: {interrupted_message(e.signal, cfg and cfg.out)}",
+              file=sys.stderr)
+        return 130 if e.signal == "SIGINT" else 143
     if summary and os.environ.get("RANK", "0") == "0":  # under torchrun, one report
         print(format_summary(summary))
         print(f"\nsummary: {Path(cfg.out) / 'summary.json'}")

@@ -31,7 +31,9 @@ from subnetdp.train.resume import (
     resume_source,
     stop_if_not_finite,
 )
+from subnetdp.train.signals import GracefulStop
 from subnetdp.train.tasks import Task, make_task
+from subnetdp.train.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
 
 WARMUP_STEPS = 2  # excluded from the median step time (allocations, DDP bucket rebuild)
 
@@ -63,9 +65,12 @@ def _device(cfg: TrainConfig) -> torch.device:
 def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     """One worker's whole run; rank 0 also writes ``summary.json``. Returns this rank's stats."""
     cfg = TrainConfig.from_dict(cfg_dict)
-    rank, world = init_distributed("gloo" if cfg.device == "cpu" else None)
+    # start-up (model build, restore) may be slow; the steps get --collective-timeout
+    rank, world = init_distributed("gloo" if cfg.device == "cpu" else None,
+                                   timeout=slow_timeout(cfg.collective_timeout))
     try:
-        return _run(cfg, rank, world)
+        with naming_silent_ranks(rank, world):
+            return _run(cfg, rank, world)
     except NonFiniteLossError as e:
         # All ranks stop at the same step (the check is collective). Returning rather than
         # raising tells torch elastic not to restart a run that would only diverge again.
@@ -138,6 +143,8 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                         info=run_info(recipe, overrides))
     source = resume_source(cfg.resume, out)  # also: after an elastic restart, the newest
     start = ckpt.restore(source) if source is not None else 0
+    set_timeout(cfg.collective_timeout)
+    stop = GracefulStop()  # SIGTERM/SIGINT: finish a checkpoint that is due soon, then exit
     if rank == 0:
         save_plan(plan, out / "plan.json")
         write_json_atomic(out / "config.json", {**cfg.to_dict(), "nproc": world})
@@ -185,10 +192,13 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                 losses += window.flush(sink, out, device)
                 progress.update(done, loss=losses[-1], tps=tps * world)
             if due:
-                ckpt.save(done)
+                with slow_phase(cfg.collective_timeout):
+                    ckpt.save(done)
+            stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
     progress.close()
     train_time = time.perf_counter() - loop_start
 
+    set_timeout(slow_timeout(cfg.collective_timeout))  # peers wait while rank 0 evaluates
     evaluation = _evaluate(model, recipe, task, device, overrides, rank)
     median = statistics.median(times) if times else float("nan")
     wb = worker_bytes(plan, rank, masking=model.strategy.cost_masking)
