@@ -142,6 +142,8 @@ class TrainConfig:
                             ("--weight-decay", self.weight_decay)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 bad(f"{flag} must be a finite number >= 0 (0 = off), got {value}")
+        if self.seed < 0:  # numpy's generators refuse negative seeds
+            bad(f"--seed must be >= 0, got {self.seed}")
         if self.vocab_size is not None and self.vocab_size < 2:
             bad(f"--vocab-size must be >= 2, got {self.vocab_size}")
         if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):

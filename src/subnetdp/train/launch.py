@@ -54,15 +54,22 @@ class WorkerFailedError(RuntimeError):
 
     ``str()`` holds every failed rank's traceback (for a log file); ``summary`` is one line."""
 
-    def __init__(self, message: str, failures: dict[int, tuple[int, str]]) -> None:
+    def __init__(self, message: str, failures: dict[int, tuple[int, str]],
+                 first: int | None = None) -> None:
         super().__init__(message)
         self.failures = failures
+        # the rank that failed first: the cause (the others often only lost their peer)
+        self.first = next(iter(failures)) if first is None else first
         self.log: str | None = None  # where the caller wrote ``str(self)``, if it did
 
     @property
     def summary(self) -> str:
-        """The first failed rank's own error line, e.g. ``rank 1: ValueError: ...``."""
-        rank, (code, text) = next(iter(self.failures.items()))
+        """The causing rank's own error line, e.g. ``rank 1: ValueError: ...``: the first to
+        fail among those that did not only lose a peer."""
+        order = sorted(self.failures, key=lambda r: (_lost_peer(self.failures[r][1]),
+                                                     r != self.first))
+        rank = order[0]
+        code, text = self.failures[rank]
         last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
         kind, sep, msg = last.partition(": ")
         if sep and " " not in kind:  # "pkg.module.SomeError: msg" -> "SomeError: msg"
@@ -204,14 +211,15 @@ def launch(
             lines = [f"{len(failures)} of {nproc} worker(s) of run {run_id!r} failed:"]
             for rank, (code, text) in failures.items():
                 lines.append(f"--- rank {rank} (exit code {code}) ---\n{text}")
-            raise WorkerFailedError("\n".join(lines), failures) from e
+            raise WorkerFailedError("\n".join(lines), failures,
+                                    first=e.get_first_failure()[0]) from e
         except SignalException as e:
             if watch.fired:
                 raise WorkerStartTimeoutError(watch.missing(), start_timeout) from None
             raise RunInterruptedError(signal.Signals(e.sigval).name) from None
 
 
-SHUTDOWN_GRACE_S = 60  # SIGTERM to the workers, then SIGKILL after this many seconds
+SHUTDOWN_GRACE_S = 30  # SIGTERM to the workers, then SIGKILL after this many seconds
 
 
 # [Note: why not fork]
@@ -336,7 +344,25 @@ class _Worker:
                 gc.enable()
         with contextlib.suppress(OSError):  # the watch may be gone (a restarted group)
             Path(self.start_folder, os.environ.get("RANK", "0")).touch()
-        return self.fn(*args)
+        try:
+            return self.fn(*args)
+        except RuntimeError as e:
+            if _lost_peer(str(e)):
+                # A peer failed first; give its own error time to reach the agent, which
+                # reports the failures it has seen when the first worker exits.
+                time.sleep(PEER_GRACE_S)
+            raise
+
+
+PEER_GRACE_S = 3.0
+_PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "read error",
+                "broken pipe", "remote worker")
+
+
+def _lost_peer(text: str) -> bool:
+    """Whether an error only says that another rank went away (gloo/NCCL wording)."""
+    last = text.strip().splitlines()[-1].lower() if text.strip() else ""
+    return any(p in last for p in _PEER_ERRORS)
 
 
 def _failure_text(f: Any) -> str:

@@ -18,7 +18,7 @@ from types import FrameType
 
 __all__ = ["GRACE_S", "GracefulStop", "interrupted_message", "steps_to_checkpoint"]
 
-GRACE_S = 30.0  # below launch.SHUTDOWN_GRACE_S, leaving time for the write itself
+GRACE_S = 15.0  # below launch.SHUTDOWN_GRACE_S, leaving time for the write itself
 
 
 def steps_to_checkpoint(done: int, every: int, total: int) -> int | None:

@@ -36,7 +36,8 @@ def preflight(cfg: TrainConfig, task: Any) -> None:
         try:
             model = recipe.build_model(**overrides)
         except TypeError as e:  # e.g. a model class refusing an unknown keyword
-            raise ValueError(f"--model-arg: {e}") from e
+            given = " ".join(f"{k}={v!r}" for k, v in cfg.model_args.items())
+            raise ValueError(f"--model-arg {given}: {e}") from e
         plan = build_plan(cfg, model, recipe, cfg.nproc)
         match_plan(plan, model, recipe.adapter, get_strategy(cfg.strategy))
     if recipe.task == "lm":
