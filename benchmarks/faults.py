@@ -67,6 +67,8 @@ def main() -> int:
     ap.add_argument("--label", default="this checkout")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--md", type=Path)
+    ap.add_argument("--before", type=Path,
+                    help="a --json of another checkout, shown as the 'before' column")
     args = ap.parse_args()
 
     import subnetdp.train.launch
@@ -91,12 +93,17 @@ def main() -> int:
         args.json.write_text(json.dumps({"label": args.label, "counts": counts, "rows": rows},
                                         indent=1))
     if args.md:
-        lines = [f"{args.label}: {len(rows)} bad inputs", "",
-                 "| outcome | count |", "|---|---|",
-                 *(f"| {k} | {v} |" for k, v in counts.items()), "",
-                 "| case | outcome | message |", "|---|---|---|",
-                 *(f"| {r['case']} | {r['outcome']} | {r['message'].replace('|', '/')} |"
-                   for r in rows)]
+        before = json.loads(args.before.read_text()) if args.before else None
+        old = {r["case"]: r["outcome"] for r in before["rows"]} if before else {}
+        head = f" {before['label']} |" if before else ""
+        lines = [f"# Bad inputs: {len(rows)} cases of tests/faults/test_bad_inputs.py", "",
+                 f"| outcome |{head} {args.label} |", "|---|---|" + ("---|" if before else ""),
+                 *(f"| {k} |" + (f" {before['counts'][k]} |" if before else "") + f" {v} |"
+                   for k, v in counts.items()), "",
+                 f"| case |{head} {args.label} | message |",
+                 "|---|---|---|" + ("---|" if before else ""),
+                 *(f"| {r['case']} |" + (f" {old.get(r['case'], '-')} |" if before else "")
+                   + f" {r['outcome']} | {r['message'].replace('|', '/')} |" for r in rows)]
         args.md.write_text("\n".join(lines) + "\n")
     return 0
 

@@ -283,7 +283,8 @@ def _agent_log(log_dir: str | None) -> Iterator[None]:
     handler = logging.FileHandler(Path(log_dir) / "agent.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic",
-                                              "torch.distributed.launcher")]
+                                              "torch.distributed.launcher",
+                                              "torch.multiprocessing")]
     saved = [lg.propagate for lg in loggers]
     for lg in loggers:
         lg.addHandler(handler)
