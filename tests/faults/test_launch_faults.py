@@ -137,7 +137,7 @@ def test_signal_is_one_line_and_names_the_resume(sig: signal.Signals, tmp_path: 
     assert p.returncode == 128 + sig
     message = clear_message(err)
     assert message is not None, err
-    assert f"interrupted ({sig.name}); resume with `--resume {out}`" in message
+    assert f"interrupted ({sig.name}); resume with --resume {out} (newest" in message
 
 
 @long_faults
@@ -186,3 +186,26 @@ def test_a_hung_rank_ends_the_run_naming_it(tmp_path: Path) -> None:
     assert message is not None, err
     assert "rank(s) [1] stopped answering" in message
     assert elapsed < 5 + 10 + 30 + 30  # timeout, marks, shutdown grace, slack
+
+
+def test_a_killed_worker_is_one_line_naming_it(tmp_path: Path) -> None:
+    """kill -9 of rank 1 mid-run (no --max-restarts): one line naming rank 1 from the CLI, the
+    tracebacks of every rank in the run's logs, nothing older changed."""
+    out = tmp_path / "run"
+    p = _start_training(out, "--steps", "100000", "--ckpt-every", "2")
+    try:
+        wait_for(lambda: any((out / "checkpoints").glob("step_*/manifest.json")), 300,
+                 "a first checkpoint")
+        first = min((out / "checkpoints").glob("step_*"))
+        kept = fingerprint(first)
+        os.kill(worker_pids(out)[1], signal.SIGKILL)
+        _, err = p.communicate(timeout=120)
+    finally:
+        kill_quietly(p)
+    assert p.returncode == 1, err
+    message = clear_message(err)
+    assert message is not None, err
+    assert message.startswith("subnetdp train: rank 1 failed (exit code -9)"), message
+    assert (out / "logs" / "failure.log").is_file() and str(out / "logs") in message
+    if first.exists():  # --ckpt-keep may have pruned it; if kept, it is intact
+        assert fingerprint(first) == kept

@@ -63,7 +63,7 @@ def interrupted_message(signame: str, out: str | None) -> str:
 
     found = list_checkpoints(checkpoints_root(Path(out))) if out else []
     if found:
-        return (f"interrupted ({signame}); resume with `--resume {out}` (newest checkpoint: "
+        return (f"interrupted ({signame}); resume with --resume {out} (newest checkpoint: "
                 f"{found[-1].name})")
     return (f"interrupted ({signame}); no checkpoint had been written, so a new run starts "
             "over (use --ckpt-every N to keep progress)")
