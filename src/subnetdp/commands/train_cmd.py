@@ -167,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"subnetdp train: {interrupted_message(e.signal, cfg.out if cfg else None)}",
               file=sys.stderr)
         return 130 if e.signal == "SIGINT" else 143
+    except KeyboardInterrupt:  # Ctrl-C before the workers started (checks, tokenizer)
+        print(f"subnetdp train: {interrupted_message('SIGINT', cfg.out if cfg else None)}",
+              file=sys.stderr)
+        return 130
     if summary and os.environ.get("RANK", "0") == "0":  # under torchrun, one report
         print(format_summary(summary))
         print(f"\nsummary: {Path(cfg.out) / 'summary.json'}")
