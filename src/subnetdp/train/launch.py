@@ -163,8 +163,10 @@ def launch(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if start_method == "forkserver":
-        # The server imports torch once; each worker then forks from it (fast, and clean).
-        multiprocessing.set_forkserver_preload(["torch", "torch.distributed"])
+        # The server imports torch and fn's module once, when it starts (the first launch of
+        # this process); each worker then forks from it (fast, and clean).
+        multiprocessing.set_forkserver_preload(
+            ["__main__", "torch", "torch.distributed", getattr(fn, "__module__", "torch")])
     port = free_port()
     logs = DefaultLogsSpecs(
         log_dir=log_dir,
