@@ -190,6 +190,7 @@ def launch(
         # a SIGTERM/SIGINT is passed on to the workers, which may finish a checkpoint that is
         # due (train/signals.py) before they are killed
         shutdown_timeout=SHUTDOWN_GRACE_S,
+        log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
     )
     # With restarts, the agent must not share its rendezvous TCPStore with the workers: the
     # store outlives an attempt, so a restarted group's init_process_group reads the dead
