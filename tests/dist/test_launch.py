@@ -42,7 +42,7 @@ def test_launch_two_workers_all_reduce() -> None:
     handler = signal.getsignal(signal.SIGINT)
     t0 = time.perf_counter()
     out = launch(_all_reduce_worker, (10.0,), nproc=2, run_id="test_launch")
-    print(f"launch overhead, 2 workers (fork): {time.perf_counter() - t0:.2f}s")
+    print(f"launch overhead, 2 workers (forkserver): {time.perf_counter() - t0:.2f}s")
     assert out == {
         0: (0, 2, 21.0, 1, True),  # (0+10) + (1+10); OMP_NUM_THREADS=1 applied in workers
         1: (1, 2, 21.0, 1, True),
@@ -72,11 +72,12 @@ def test_launch_failure_names_rank_and_traceback() -> None:
 
 
 def test_launch_writes_worker_logs(tmp_path: Path) -> None:
-    def hello() -> int:  # a closure: fine with the default fork start method
+    def hello() -> int:  # a closure: needs the fork start method (the default pickles fn)
         print("hello from a worker", flush=True)
         return 7
 
-    out = launch(hello, (), nproc=1, run_id="test_logs", log_dir=str(tmp_path))
+    out = launch(hello, (), nproc=1, run_id="test_logs", log_dir=str(tmp_path),
+                 start_method="fork")
     assert out == {0: 7}
     logs = [p.read_text() for p in tmp_path.rglob("stdout.log")]
     assert any("hello from a worker" in t for t in logs)

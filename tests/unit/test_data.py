@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import os
 import re
 import struct
 import threading
@@ -158,6 +159,28 @@ def test_prepare_text_round_trip_and_cache(
     (user_dir / "doc0.txt").write_text("changed")
     with pytest.raises(AssertionError, match="cache miss"):
         prepare_text(vocab_size=300, data_dir=str(user_dir), cache=cache, val_fraction=0.2)
+
+
+def test_token_cache_sees_an_edit_in_place_of_the_same_size(user_dir: Path,
+                                                            tmp_path: Path) -> None:
+    """Issue 19: the cache keyed on name and size reused the old tokens after an edit that
+    kept the file's size."""
+    cache = tmp_path / "cache"
+    doc = user_dir / "doc0.txt"
+    before = prepare_text(vocab_size=300, data_dir=str(user_dir), cache=cache, val_fraction=0.2)
+    old_tokens = np.array(before.train)
+    text = doc.read_text()
+    edited = text.swapcase() if text.swapcase() != text else text[::-1]
+    assert len(edited.encode()) == len(text.encode())
+    with open(doc, "r+", encoding="utf-8") as f:  # in place: same inode, same size
+        f.write(edited)
+    # a later edit has a later time, even where the file system's clock is coarse
+    os.utime(doc, ns=(doc.stat().st_atime_ns, doc.stat().st_mtime_ns + 1_000_000))
+    assert doc.stat().st_size == len(text.encode())
+    after = prepare_text(vocab_size=300, data_dir=str(user_dir), cache=cache, val_fraction=0.2)
+    assert after.tokenizer_path != before.tokenizer_path  # a new entry, built from the edit
+    assert not np.array_equal(np.array(after.train), old_tokens) or \
+        len(after.val) != len(before.val) or not np.array_equal(after.val, before.val)
 
 
 def test_prepare_text_builds_once_under_concurrency(

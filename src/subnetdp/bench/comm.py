@@ -36,7 +36,7 @@ from subnetdp.subnet.units import unit_modules
 
 def analytic_comm(spec: BenchSpec) -> list[dict[str, Any]]:
     """Per rank, the same record shape as ``metrics.comm.comm_record``."""
-    recipe, meta = meta_model(spec)
+    recipe, meta = meta_model(spec, check_seq=False)  # gradient traffic: any sequence
     if spec.uses_fsdp and not spec.is_sdp:  # the FSDP baselines
         return [_fsdp_rank(spec, meta, recipe) for _ in range(spec.world)]
     plan = make_bench_plan(spec, meta, recipe)

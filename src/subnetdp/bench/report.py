@@ -55,7 +55,9 @@ def step_table(summary: dict[str, Any]) -> str:
         counted = r["comm"]["comm/bytes_per_step"] if r.get("comm") else None
         out.append(
             f"| {label} | {r['median_step_s']:.3f} | "
-            f"{r['step_ratio_to_ddp']:.3f} | {r['measured_peak_bytes'] / 2**20:.1f} | "
+            + (f"{r['step_ratio_to_ddp']:.3f}" if r["step_ratio_to_ddp"] is not None
+               else "-")  # no ddp among the strategies
+            + f" | {r['measured_peak_bytes'] / 2**20:.1f} | "
             + (f"{est / 2**20:.1f} | {est / r['measured_peak_bytes']:.3f} | "
                if est else "- | - | ")
             + (f"{counted / MB:.3f} |" if counted is not None else "not counted |")

@@ -95,6 +95,11 @@ def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 3,
     if len({s.label for s in specs}) != len(specs):  # results are keyed by label
         raise ValueError("two specs of one step benchmark have the same label (strategy, "
                          "composition, coverage); e.g. run one dtype per benchmark")
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1 (timed steps), got {steps}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: CUDA is not available on this machine; use --device "
+                         "cpu")
     if warmup < MIN_WARMUP:
         raise ValueError(f"--warmup must be >= {MIN_WARMUP}: memory is measured on the last "
                          "warm-up step, after DDP's second step has rebuilt its buckets")

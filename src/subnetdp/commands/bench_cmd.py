@@ -25,8 +25,10 @@ from subnetdp.commands.options import (
     add_batch_arguments,
     add_composition_arguments,
     add_dtype_argument,
+    add_model_arg_argument,
     add_recipe_argument,
     add_strategy_argument,
+    parse_model_arg,
     strategy_list,
 )
 
@@ -49,6 +51,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--warmup", type=int, default=3,
                    help="step: warm-up steps (>= 3; the last one is the memory step)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="step: device")
+    add_model_arg_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -69,7 +72,8 @@ def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
     return BenchSpec(recipe=args.recipe, strategy=name, world=args.world,
                      batch=args.batch_size, seq=args.seq_len,
                      coverage=args.coverage if sdp else 1.0, dtype=args.dtype,
-                     fsdp=comp.fsdp and sdp, ac=comp.ac and sdp)
+                     fsdp=comp.fsdp and sdp, ac=comp.ac and sdp,
+                     model_args=tuple(parse_model_arg(a) for a in args.model_arg))
 
 
 def _strategies(args: argparse.Namespace) -> list[str]:
@@ -131,6 +135,8 @@ def _all(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from subnetdp.train.launch import WorkerFailedError
+
     try:
         if args.what == "memory":
             data, text = _memory(args)
@@ -144,5 +150,8 @@ def run(args: argparse.Namespace) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"subnetdp bench: error: {msg}", file=sys.stderr)
         return 2
+    except WorkerFailedError as e:  # bench step's workers: one line, not every traceback
+        print(f"subnetdp bench: error: {e.summary}", file=sys.stderr)
+        return 1
     print(json.dumps(data, default=str) if args.json else text)
     return 0

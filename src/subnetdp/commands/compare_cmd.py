@@ -91,8 +91,11 @@ def run(args: argparse.Namespace) -> int:
                         log=lambda m: print(m, flush=True))
     try:
         results = run_suite(suite, runs, log=lambda m: print(m, flush=True), after=after)
-    except (ValueError, FileNotFoundError, DatasetMissingError, WorkerFailedError) as e:
+    except (ValueError, FileNotFoundError, DatasetMissingError) as e:
         print(f"subnetdp compare: {e}", file=sys.stderr)
+        return 1
+    except WorkerFailedError as e:  # one line; the tracebacks are in the cell's logs/
+        print(f"subnetdp compare: {e.summary}", file=sys.stderr)
         return 1
     command = "subnetdp " + " ".join(getattr(args, "argv", None) or ["compare", "--suite",
                                                                       args.suite])

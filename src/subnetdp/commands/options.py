@@ -6,6 +6,7 @@ Kept torch-free: ``plan`` imports it and must not load torch (``strategy`` is to
 from __future__ import annotations
 
 import argparse
+import json
 
 from subnetdp.strategy import BASELINES, DTYPES, NAMES, SDP_NAMES, STRATEGIES, parse_label
 
@@ -14,6 +15,22 @@ Container = argparse._ActionsContainer
 
 DTYPE_HELP = ("precision: fp32; bf16-mixed (bf16 compute, fp32 master parameters, gradients "
               "and optimizer state); bf16 (everything stored and computed in bf16)")
+
+
+def add_model_arg_argument(p: Container) -> None:
+    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model config field, e.g. --model-arg width=16 (repeatable)")
+
+
+def parse_model_arg(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` -> (key, the value as JSON if it parses, else the string)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--model-arg expects KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
 
 
 def add_recipe_argument(p: Container, *, default: str | None, help: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,11 +13,13 @@ from subnetdp.commands.options import (
     add_batch_arguments,
     add_composition_arguments,
     add_dtype_argument,
+    add_model_arg_argument,
     add_neuron_arguments,
     add_plan_file_argument,
     add_recipe_argument,
     add_scheme_arguments,
     add_strategy_argument,
+    parse_model_arg,
 )
 from subnetdp.strategy import OUTPUT_SCALINGS, REDUCE_DTYPES
 from subnetdp.train.config import TrainConfig
@@ -75,8 +76,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="step whose memory is measured (-1: none)")
     p.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"))
     p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
-    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model config field, e.g. --model-arg width=16 (repeatable)")
+    add_model_arg_argument(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--ckpt-every", type=int, default=d.ckpt_every, metavar="N",
                    help="write a sharded checkpoint every N steps and at the end (0: never)")
@@ -94,6 +94,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-nproc", type=int, default=None, metavar="N",
                    help="elastic shrink: after a worker is lost for good (restarts used up), "
                         "go on with one worker fewer, down to N, from the newest checkpoint")
+    p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
+                   metavar="S", help="stop the run when a collective waits S seconds for a "
+                                     "peer, naming the rank that hung (also bounds worker "
+                                     "start-up; evaluation and checkpoint writes get longer; "
+                                     "default %(default)g)")
     add_ecosystem_arguments(p)
 
 
@@ -140,7 +145,7 @@ def add_parser(subparsers: Any) -> None:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
-    values["model_args"] = dict(_parse_model_arg(a) for a in args.model_arg)
+    values["model_args"] = dict(parse_model_arg(a) for a in args.model_arg)
     if getattr(args, "config", None):
         from subnetdp.train.config_file import load_config_file, merge_config
 
@@ -178,32 +183,39 @@ def _explicit_options(args: argparse.Namespace) -> set[str]:
     return {"model_args" if k == "model_arg" else k for k in explicit}
 
 
-def _parse_model_arg(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--model-arg expects KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
-
-
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
     from subnetdp.metrics.report import format_summary
-    from subnetdp.train.launch import WorkerFailedError
+    from subnetdp.train.launch import (
+        RunInterruptedError,
+        WorkerFailedError,
+        WorkerStartTimeoutError,
+    )
     from subnetdp.train.resume import NonFiniteLossError
     from subnetdp.train.run import run_training
+    from subnetdp.train.signals import interrupted_message
 
+    cfg = None
     try:
         cfg = config_from_args(args)
         summary = run_training(cfg)
-    except (ValueError, FileNotFoundError, DatasetMissingError) as e:
+    except (ValueError, OSError, DatasetMissingError) as e:
         print(f"subnetdp train: {e}", file=sys.stderr)
         return 2
-    except (NonFiniteLossError, WorkerFailedError) as e:  # the run started, then stopped
+    except WorkerFailedError as e:  # one line; every rank's traceback is in the run's logs
+        print(f"subnetdp train: {e.summary}", file=sys.stderr)
+        return 1
+    except (NonFiniteLossError, WorkerStartTimeoutError) as e:  # started, then stopped
         print(f"subnetdp train: {e}", file=sys.stderr)
         return 1
+    except RunInterruptedError as e:
+        print(f"subnetdp train: {interrupted_message(e.signal, cfg.out if cfg else None)}",
+              file=sys.stderr)
+        return 130 if e.signal == "SIGINT" else 143
+    except KeyboardInterrupt:  # Ctrl-C before the workers started (checks, tokenizer)
+        print(f"subnetdp train: {interrupted_message('SIGINT', cfg.out if cfg else None)}",
+              file=sys.stderr)
+        return 130
     if summary and os.environ.get("RANK", "0") == "0":  # under torchrun, one report
         print(format_summary(summary))
         print(f"\nsummary: {Path(cfg.out) / 'summary.json'}")

@@ -2,8 +2,9 @@
 call from many processes.
 
 Layout: ``<cache>/text/<kind><vocab>-<fingerprint>/{tokenizer.json, train.bin, val.bin,
-meta.json}``. The fingerprint covers the corpus file list and sizes, the options and the
-``tokenizers`` version, so changing any of them builds a new entry instead of reusing a stale one.
+meta.json}``. The fingerprint covers the corpus file list, sizes and modification times, the
+options and the ``tokenizers`` version, so changing any of them (an edit in place that keeps a
+file's size, too) builds a new entry instead of reusing a stale one.
 
 Concurrency: every worker of a job calls ``prepare_text`` at start-up. One takes an exclusive
 ``flock`` and builds; the rest block on the lock, then find ``meta.json`` and only read. Each file
@@ -154,13 +155,20 @@ def _pretokenized(root: Path, vocab_size: int, val_fraction: float) -> TextData:
     return TextData(train, val, vocab, "", 0, 0, int(meta.get("eot_id", -1)))
 
 
+def _file_identity(path: Path) -> tuple[int, int]:
+    """Size and modification time (ns) of a corpus file: an edit in place that keeps the size
+    still changes the time, so the cache entry changes with the content."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
 def text_cache_entry(*, vocab_size: int = 4096, data_dir: str | None = None,
                      cache: str | Path | None = None, val_fraction: float = 0.02,
                      tokenizer: TokenizerKind = "bpe", max_docs: int | None = None,
                      source: TextSource | None = None) -> Path:
     """The cache folder ``prepare_text`` uses for these options (not created)."""
     source = source or TextSource()
-    files = [(f.key, f.path.stat().st_size) for f in source.corpus(data_dir)]
+    files = [(f.key, *_file_identity(f.path)) for f in source.corpus(data_dir)]
     key = {
         "files": files,
         "data": "packages" if data_dir is None else "user",

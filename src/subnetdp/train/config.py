@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,10 @@ class TrainConfig:
     overwrite: bool = False
     reshard: bool = False
     min_nproc: int | None = None
+    # Seconds a collective may wait for a peer before the group stops, naming the silent rank
+    # (also bounds worker start-up); evaluation and checkpoint writes get longer
+    # (train/timeouts.py).
+    collective_timeout: float = 300.0
     # DDP baselines (subnet/regularize.py): skip each block with this probability per step
     # (stochastic depth, no rescaling, like b-sdp) and drop whole neuron slots of every layer
     # pair with this probability (inverted dropout); training mode only, ddp only.
@@ -154,8 +159,21 @@ class TrainConfig:
             bad(f"--batch-size must be >= 1, got {self.batch_size}")
         if task == "lm" and self.seq_len is not None and self.seq_len < 2:
             bad(f"--seq-len must be >= 2, got {self.seq_len}")
-        if self.lr is not None and self.lr <= 0:
-            bad(f"--lr must be > 0, got {self.lr}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            bad(f"--lr must be a finite number > 0, got {self.lr}")
+        for flag, value in (("--warmup", self.warmup), ("--grad-clip", self.grad_clip),
+                            ("--weight-decay", self.weight_decay)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                bad(f"{flag} must be a finite number >= 0 (0 = off), got {value}")
+        if self.seed < 0:  # numpy's generators refuse negative seeds
+            bad(f"--seed must be >= 0, got {self.seed}")
+        if self.vocab_size is not None and self.vocab_size < 2:
+            bad(f"--vocab-size must be >= 2, got {self.vocab_size}")
+        if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
+            bad(f"--bucket-cap-mb must be a finite number > 0, got {self.bucket_cap_mb}")
+        if not (math.isfinite(self.collective_timeout) and self.collective_timeout > 0):
+            bad(f"--collective-timeout must be a finite number of seconds > 0, got "
+                f"{self.collective_timeout}")
         if self.device not in ("auto", "cpu", "cuda"):
             bad(f"--device must be auto, cpu or cuda, got {self.device!r}")
         if self.log_every < 1:

@@ -52,13 +52,13 @@ def check_replan_options(cfg: TrainConfig) -> None:
 
 
 def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
-                     start_method: str | None = None) -> dict[int, Any]:
-    """``launch(fn, (cfg,))``, shrinking by one worker after each loss for good
+                     start_method: str | None = None, **launch_kw: Any) -> dict[int, Any]:
+    """``launch(fn, (cfg,), **launch_kw)``, shrinking by one worker after each loss for good
     ([Note: elastic shrink]). Returns the last attempt's ``{rank: result}``."""
     while True:
         try:
             return launch(fn, (cfg.to_dict(),), nproc=cfg.nproc, run_id=run_id,
-                          max_restarts=cfg.max_restarts, start_method=start_method)
+                          max_restarts=cfg.max_restarts, start_method=start_method, **launch_kw)
         except WorkerFailedError as e:
             smaller = shrunk_config(cfg, e.failures)
             if smaller is None:

@@ -12,20 +12,28 @@ CUDA) and returns ``(rank, world_size)``.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
 import logging
+import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 __all__ = [
+    "RunInterruptedError",
     "WorkerFailedError",
+    "WorkerStartTimeoutError",
     "free_port",
     "init_distributed",
     "launch",
@@ -42,11 +50,54 @@ _SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 class WorkerFailedError(RuntimeError):
-    """A worker process failed; ``failures`` maps global rank to (exit code, error text)."""
+    """A worker process failed; ``failures`` maps global rank to (exit code, error text).
 
-    def __init__(self, message: str, failures: dict[int, tuple[int, str]]) -> None:
+    ``str()`` holds every failed rank's traceback (for a log file); ``summary`` is one line."""
+
+    def __init__(self, message: str, failures: dict[int, tuple[int, str]],
+                 first: int | None = None) -> None:
         super().__init__(message)
         self.failures = failures
+        # the rank that failed first: the cause (the others often only lost their peer)
+        self.first = next(iter(failures)) if first is None else first
+        self.log: str | None = None  # where the caller wrote ``str(self)``, if it did
+
+    @property
+    def summary(self) -> str:
+        """The causing rank's own error line, e.g. ``rank 1: ValueError: ...``: the first to
+        fail among those that did not only lose a peer."""
+        order = sorted(self.failures, key=lambda r: (_lost_peer(self.failures[r][1]),
+                                                     r != self.first))
+        rank = order[0]
+        code, text = self.failures[rank]
+        last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
+        kind, sep, msg = last.partition(": ")
+        if sep and " " not in kind:  # "pkg.module.SomeError: msg" -> "SomeError: msg"
+            last = f"{kind.rsplit('.', 1)[-1]}: {msg}"
+        others = f" (and {len(self.failures) - 1} more rank(s))" if len(self.failures) > 1 \
+            else ""
+        where = f"; tracebacks in {self.log}" if self.log else ""
+        return (f"rank {rank} failed (exit code {code}): {last or 'no error text'}{others}"
+                f"{where}")
+
+
+class RunInterruptedError(RuntimeError):
+    """The launching process got SIGTERM/SIGINT/...; the workers were stopped (``signal``)."""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(f"interrupted by {signame}")
+        self.signal = signame
+
+
+class WorkerStartTimeoutError(RuntimeError):
+    """Some workers did not start within the start-up timeout (``missing``: their ranks)."""
+
+    def __init__(self, missing: list[int], timeout_s: float) -> None:
+        super().__init__(
+            f"worker rank(s) {missing} did not start within {timeout_s:g} s (the others were "
+            "stopped); the machine may be overloaded, or a worker hung while starting. "
+            "Try again, or raise --collective-timeout")
+        self.missing = missing
 
 
 def under_launcher() -> bool:
@@ -70,20 +121,25 @@ def launch(
     max_restarts: int = 0,
     log_dir: str | None = None,
     start_method: str | None = None,
+    start_timeout: float = 300.0,
+    tee_rank0: bool = False,
 ) -> dict[int, Any]:
     """Run ``fn(*args)`` in ``nproc`` local processes and return ``{rank: fn's return value}``.
 
     Workers get ``OMP_NUM_THREADS=1`` unless the caller set it, because ``nproc`` processes each
     using every core oversubscribe the CPU (torchrun does the same). ``start_method=None`` picks
-    ``"fork"``, which skips re-importing torch in every worker (0.25 s vs 3-4 s for two workers
-    here) and accepts closures, unless this process has initialised CUDA or a process group,
-    which a forked child cannot use: then ``"spawn"`` (``fn`` and ``args`` must be picklable,
-    i.e. module-level). With ``log_dir`` each worker's stdout/stderr go to files there
-    instead of this terminal. ``max_restarts`` restarts the whole group that many times. With
-    fork, this process's garbage collector is paused until the workers finish (see
-    [Note: fork and the garbage collector]).
+    ``"forkserver"`` ([Note: why not fork]; ``fn`` and ``args`` must be picklable, i.e.
+    module-level), or ``"spawn"`` once this process has initialised CUDA or a process group.
+    ``"fork"`` stays available for closures (this process's garbage collector is then paused
+    until the workers finish: [Note: fork and the garbage collector]). With ``log_dir`` each
+    worker's stdout/stderr and the elastic agent's log go to files there instead of this
+    terminal (``tee_rank0``: rank 0's stdout also here). ``max_restarts`` restarts the whole
+    group that many times. A worker that has not started running ``fn`` after
+    ``start_timeout`` seconds stops the group.
 
-    Raises ``WorkerFailedError`` naming the failed rank(s), exit code and traceback.
+    Raises ``WorkerFailedError`` naming the failed rank(s), exit code and traceback,
+    ``WorkerStartTimeoutError`` naming the ranks that did not start, and
+    ``RunInterruptedError`` when this process gets SIGTERM/SIGINT/SIGHUP/SIGQUIT.
     """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
@@ -93,7 +149,7 @@ def launch(
         parent_state = torch.cuda.is_initialized() or (
             dist.is_available() and dist.is_initialized()
         )
-        start_method = "spawn" if parent_state else "fork"
+        start_method = "spawn" if parent_state else "forkserver"
     if start_method not in ("fork", "spawn", "forkserver"):
         raise ValueError(
             f"start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}"
@@ -102,15 +158,20 @@ def launch(
         # Already a worker (e.g. under torchrun): the launcher owns the processes.
         return {int(os.environ["RANK"]): fn(*args)}
 
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    if start_method == "forkserver":
+        # The server imports torch and fn's module once, when it starts (the first launch of
+        # this process); each worker then forks from it (fast, and clean).
+        multiprocessing.set_forkserver_preload(
+            ["__main__", "torch", "torch.distributed", getattr(fn, "__module__", "torch")])
     port = free_port()
     logs = DefaultLogsSpecs(
         log_dir=log_dir,
         redirects=Std.ALL if log_dir else Std.NONE,
-        tee=Std.NONE,
+        tee={0: Std.OUT} if log_dir and tee_rank0 else Std.NONE,
     )
     config = LaunchConfig(
         min_nodes=1,
@@ -126,6 +187,10 @@ def launch(
         start_method=start_method,
         local_addr="127.0.0.1",
         logs_specs=logs,
+        # a SIGTERM/SIGINT is passed on to the workers, which may finish a checkpoint that is
+        # due (train/signals.py) before they are killed
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
     )
     # With restarts, the agent must not share its rendezvous TCPStore with the workers: the
     # store outlives an attempt, so a restarted group's init_process_group reads the dead
@@ -136,8 +201,10 @@ def launch(
         _preserved_process_state(),
         _default_env(OMP_NUM_THREADS="1", **restart_env),
         _gc_paused(start_method == "fork") as gc_was_enabled,
+        _agent_log(log_dir),
+        _StartWatch(nproc, start_timeout) as watch,
     ):
-        entry = _ForkedWorker(fn, gc_was_enabled) if start_method == "fork" else fn
+        entry = _Worker(fn, watch.folder, gc_was_enabled if start_method == "fork" else None)
         try:
             return dict(elastic_launch(config, entry)(*args))
         except ChildFailedError as e:
@@ -147,7 +214,91 @@ def launch(
             lines = [f"{len(failures)} of {nproc} worker(s) of run {run_id!r} failed:"]
             for rank, (code, text) in failures.items():
                 lines.append(f"--- rank {rank} (exit code {code}) ---\n{text}")
-            raise WorkerFailedError("\n".join(lines), failures) from e
+            raise WorkerFailedError("\n".join(lines), failures,
+                                    first=e.get_first_failure()[0]) from e
+        except SignalException as e:
+            if watch.fired:
+                raise WorkerStartTimeoutError(watch.missing(), start_timeout) from None
+            raise RunInterruptedError(signal.Signals(e.sigval).name) from None
+
+
+SHUTDOWN_GRACE_S = 30  # SIGTERM to the workers, then SIGKILL after this many seconds
+
+
+# [Note: why not fork]
+# The launching process has threads by the time it starts workers (the elastic agent's TCP
+# store, tokenizers' pool, an earlier launch's leftovers). A forked child inherits every lock as
+# it was, held or not, with none of the threads that would release it; in about 2 of 45
+# launches on a loaded machine a child blocked forever on a glibc lock (the resolver's) before
+# running a line of Python. A fork server is a fresh single-threaded process that imports torch
+# once and forks each worker from that clean state, so no lock is inherited locked; and the
+# start-up watch (``_StartWatch``) bounds what is left: a worker that never reaches ``fn``.
+
+
+class _StartWatch:
+    """Stops the launch (SIGTERM to this process: the elastic agent then stops the workers)
+    when some rank has not started ``fn`` within ``timeout`` seconds. Workers mark their start
+    with a file in ``folder``."""
+
+    def __init__(self, nproc: int, timeout: float) -> None:
+        self.nproc, self.timeout = nproc, timeout
+        self.folder = tempfile.mkdtemp(prefix="subnetdp-start-")
+        self.fired = False
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="subnetdp-start")
+
+    def missing(self) -> list[int]:
+        up = {int(p.name) for p in Path(self.folder).iterdir() if p.name.isdigit()}
+        return [r for r in range(self.nproc) if r not in up]
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while not self._done.wait(0.1):
+            if not self.missing():
+                return
+            if time.monotonic() >= deadline:
+                with self._lock:  # never after __exit__: the agent's handler is gone by then
+                    if not self._done.is_set():
+                        self.fired = True
+                        os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    def __enter__(self) -> _StartWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._done.set()
+        self._thread.join()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _agent_log(log_dir: str | None) -> Iterator[None]:
+    """The elastic agent's own log (start-up, failures with every rank's traceback, shutdown)
+    goes to ``log_dir/agent.log`` instead of this terminal; without ``log_dir`` it stays."""
+    if log_dir is None:
+        yield
+        return
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(Path(log_dir) / "agent.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic",
+                                              "torch.distributed.launcher",
+                                              "torch.multiprocessing")]
+    saved = [lg.propagate for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        for lg, prop in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.propagate = prop
+        handler.close()
 
 
 # [Note: fork and the garbage collector]
@@ -177,21 +328,45 @@ def _gc_paused(active: bool) -> Iterator[bool]:
             gc.enable()
 
 
-class _ForkedWorker:
-    """Entry point of a forked worker: freeze inherited objects, then run ``fn``."""
+class _Worker:
+    """A worker's entry point: mark the start for ``_StartWatch``, then run ``fn``. Forked
+    (``gc_enabled`` not None): first freeze the inherited objects."""
 
-    def __init__(self, fn: Callable[..., Any], gc_enabled: bool) -> None:
+    def __init__(self, fn: Callable[..., Any], start_folder: str,
+                 gc_enabled: bool | None) -> None:
         self.fn = fn
+        self.start_folder = start_folder
         self.gc_enabled = gc_enabled
         # The elastic agent names the worker after its entry point in logs and errors.
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
-        gc.freeze()
-        if self.gc_enabled:
-            gc.enable()
-        return self.fn(*args)
+        if self.gc_enabled is not None:
+            gc.freeze()
+            if self.gc_enabled:
+                gc.enable()
+        with contextlib.suppress(OSError):  # the watch may be gone (a restarted group)
+            Path(self.start_folder, os.environ.get("RANK", "0")).touch()
+        try:
+            return self.fn(*args)
+        except RuntimeError as e:
+            if _lost_peer(str(e)):
+                # A peer failed first; give its own error time to reach the agent, which
+                # reports the failures it has seen when the first worker exits.
+                time.sleep(PEER_GRACE_S)
+            raise
+
+
+PEER_GRACE_S = 3.0
+_PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "read error",
+                "broken pipe", "remote worker")
+
+
+def _lost_peer(text: str) -> bool:
+    """Whether an error only says that another rank went away (gloo/NCCL wording)."""
+    last = text.strip().splitlines()[-1].lower() if text.strip() else ""
+    return any(p in last for p in _PEER_ERRORS)
 
 
 def _failure_text(f: Any) -> str:
@@ -248,8 +423,8 @@ def init_distributed(backend: str | None = None,
     """Create the default process group in a worker and return ``(rank, world_size)``.
 
     ``backend=None`` picks NCCL when CUDA is available (and pins the worker to GPU
-    ``LOCAL_RANK``), else gloo. ``timeout``: seconds a collective may wait before the group
-    fails (NCCL's watchdog; None: torch's default, 10 min). Outside any launcher this makes a
+    ``LOCAL_RANK``), else gloo. ``timeout``: seconds the rendezvous and the group's collectives
+    wait for a peer (None: torch's default, 30 min on CPU). Outside any launcher this makes a
     one-process group, so the same training code also runs as a plain script. Idempotent.
     """
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
@@ -259,7 +434,7 @@ def init_distributed(backend: str | None = None,
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    wait = None if timeout is None else datetime.timedelta(seconds=timeout)  # None: default
+    wait = None if timeout is None else timedelta(seconds=timeout)
     if under_launcher():
         # env:// rendezvous set up by the launcher
         dist.init_process_group(backend=backend, timeout=wait)

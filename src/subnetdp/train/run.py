@@ -12,6 +12,8 @@ from typing import Any
 
 from subnetdp.train.config import TrainConfig
 
+START_TIMEOUT_MIN_S = 120.0  # a loaded machine may take a while to start every worker
+
 
 def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[str, Any]:
     """Train and return the run's summary (read back from ``summary.json``).
@@ -21,7 +23,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     elastic agent's TCP store) may hold a libc lock can deadlock a worker."""
     # torch, the models and the trainer load when a run starts, not on import
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
-    from subnetdp.train.launch import under_launcher
+    from subnetdp.train.launch import WorkerFailedError, under_launcher
     from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count
     from subnetdp.train.rundir import check_fresh, hold_run_folder
     from subnetdp.train.tasks import make_task
@@ -29,11 +31,11 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
 
     cfg = cfg.resolved()
     if not under_launcher():
-        if cfg.plan_file:  # refuse a plan for another world size before starting anyone
-            from subnetdp.plan import Plan
+        from subnetdp.train.validate import preflight
 
-            Plan.from_json(Path(cfg.plan_file).read_text()).validate(cfg.nproc)
-        make_task(cfg)  # build the tokenizer/token cache once, before the workers start
+        # the tokenizer/token cache is built once, here, before the workers start; then the
+        # model, plan, data and folder are checked on the meta device (train/validate.py)
+        preflight(cfg, make_task(cfg))
         # Refuse a damaged checkpoint or one for another world before anything is written.
         if cfg.resume:
             preflight_resume(cfg)
@@ -41,11 +43,20 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     # One writer per run folder, held across restarts and shrinks (train/rundir.py); under
     # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
     owner = not under_launcher() or os.environ.get("RANK") == "0"
+    logs = Path(cfg.out) / "logs"  # every worker's output and the agent's log
     with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext():
         if owner and restart_count() == 0:  # a torchrun restart continues its own folder
             check_fresh(Path(cfg.out), resume=bool(cfg.resume), overwrite=cfg.overwrite)
-        results = launch_shrinking(train_worker, cfg, run_id=f"subnetdp-{int(time.time())}",
-                                   start_method=start_method)
+        try:
+            # tee: rank 0's progress lines still show here
+            results = launch_shrinking(
+                train_worker, cfg, run_id=f"subnetdp-{int(time.time())}",
+                start_method=start_method, log_dir=str(logs), tee_rank0=True,
+                start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout))
+        except WorkerFailedError as e:
+            e.log = str(logs / "failure.log")  # the tracebacks; the user sees e.summary
+            Path(e.log).write_text(str(e) + "\n")
+            raise
     stopped = [r["error"] for r in results.values() if isinstance(r, dict) and "error" in r]
     if stopped:
         raise NonFiniteLossError(stopped[0])

@@ -42,7 +42,9 @@ from subnetdp.train.resume import (
     resume_source,
     state_finite,
 )
+from subnetdp.train.signals import GracefulStop
 from subnetdp.train.tasks import Task, make_task
+from subnetdp.train.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
 
 WARMUP_STEPS = 2  # excluded from the median step time (allocations, DDP bucket rebuild)
 
@@ -68,9 +70,12 @@ def train_step(
 def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     """One worker's whole run; rank 0 also writes ``summary.json``. Returns this rank's stats."""
     cfg = TrainConfig.from_dict(cfg_dict)
-    rank, world = init_distributed("gloo" if cfg.device == "cpu" else None)
+    # start-up (model build, restore) may be slow; the steps get --collective-timeout
+    rank, world = init_distributed("gloo" if cfg.device == "cpu" else None,
+                                   timeout=slow_timeout(cfg.collective_timeout))
     try:
-        return _run(cfg, rank, world)
+        with naming_silent_ranks(rank, world):
+            return _run(cfg, rank, world)
     except RunStoppedError as e:
         # All ranks stop at the same step (the check is collective). Returning rather than
         # raising tells torch elastic not to restart a run that would only diverge again
@@ -167,6 +172,8 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                         info=run_info(recipe, overrides))
     source = resume_source(cfg.resume, out)  # also: after an elastic restart, the newest
     start = ckpt.restore(source) if source is not None else 0
+    set_timeout(cfg.collective_timeout)
+    stop = GracefulStop()  # SIGTERM/SIGINT: finish a checkpoint that is due soon, then exit
     if rank == 0:
         save_plan(plan, out / "plan.json")
         write_json_atomic(out / "config.json", {**cfg.to_dict(), "nproc": world})
@@ -232,12 +239,16 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                 losses += window.flush(sink, out, tracker, state_finite(model, opt))
                 progress.update(done, loss=losses[-1], tps=tps * world)
             if due:
-                ckpt.save(done)
+                with slow_phase(cfg.collective_timeout):
+                    ckpt.save(done)
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                _log_evaluation(step, _evaluate(model, recipe, task, device, overrides, rank),
-                                val_sink, tracker)
+                with slow_phase(cfg.collective_timeout):  # peers wait while rank 0 evaluates
+                    _log_evaluation(step, _evaluate(model, recipe, task, device, overrides,
+                                                    rank), val_sink, tracker)
+            stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
         progress.close()
         train_time = time.perf_counter() - loop_start
+        set_timeout(slow_timeout(cfg.collective_timeout))  # peers wait while rank 0 evaluates
         evaluation = _evaluate(model, recipe, task, device, overrides, rank)  # the summary's
         _log_evaluation(cfg.steps - 1, evaluation, val_sink, tracker)
     tracker.close()

@@ -1,0 +1,113 @@
+"""Bounded waits: every collective of a run gives up after ``--collective-timeout`` seconds,
+and the rank that stopped answering is named.
+
+A hung rank (a deadlock, stuck I/O, a stopped process) otherwise holds every other rank in its
+next collective for torch's default 30 minutes. ``set_timeout`` sets the timeout on every process
+group of this worker (the holder groups too: ``dist.new_group`` does not inherit the default
+group's); ``slow_phase`` lengthens it around work that legitimately keeps peers waiting (rank
+0's evaluation, checkpoint writes). ``naming_silent_ranks`` turns a timeout into a
+``CollectiveTimeoutError`` that says which ranks did not answer: each rank that timed out
+leaves a mark in the job's store and waits briefly for the others' marks; the ranks without
+one are the silent ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+__all__ = [
+    "CollectiveTimeoutError",
+    "naming_silent_ranks",
+    "set_timeout",
+    "slow_phase",
+    "slow_timeout",
+]
+
+SLOW_FACTOR = 6  # evaluation / checkpoint writes may take this many times longer,
+SLOW_MIN_S = 1800.0  # and at least this long
+_MARK_WAIT_S = 10.0  # how long a rank that timed out waits for the other ranks' marks
+
+_current_s: float | None = None
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective waited longer than ``--collective-timeout``; the message names the rank."""
+
+
+def slow_timeout(seconds: float) -> float:
+    return max(SLOW_MIN_S, SLOW_FACTOR * seconds)
+
+
+def set_timeout(seconds: float) -> None:
+    """Every process group of this worker now waits at most ``seconds`` for a peer."""
+    global _current_s
+    wait = timedelta(seconds=seconds)
+    for group in list(c10d._world.pg_map):
+        if c10d._rank_not_in_group(group):
+            continue
+        with contextlib.suppress(ValueError, RuntimeError):  # a backend without timeouts
+            c10d._set_pg_timeout(wait, group)
+    _current_s = seconds
+
+
+@contextlib.contextmanager
+def slow_phase(seconds: float) -> Iterator[None]:
+    """Within the block the timeout is ``slow_timeout(seconds)``, then ``seconds`` again."""
+    set_timeout(slow_timeout(seconds))
+    try:
+        yield
+    finally:
+        set_timeout(seconds)
+
+
+def _is_timeout(e: BaseException) -> bool:
+    text = str(e).lower()
+    return "timed out" in text or "timeout" in text
+
+
+@contextlib.contextmanager
+def naming_silent_ranks(rank: int, world: int) -> Iterator[None]:
+    """Re-raise a collective timeout inside the block as ``CollectiveTimeoutError``."""
+    try:
+        yield
+    except RuntimeError as e:
+        if isinstance(e, CollectiveTimeoutError) or not _is_timeout(e) or world < 2:
+            raise
+        silent = _silent_ranks(rank, world)
+        waited = f"{_current_s:g} s" if _current_s is not None else "its timeout"
+        if silent:
+            what = (f"rank(s) {silent} stopped answering: rank {rank} waited {waited} in a "
+                    "collective (--collective-timeout) and the group stopped")
+        else:
+            what = (f"every rank timed out after {waited} in a collective "
+                    "(--collective-timeout): they waited on each other")
+        raise CollectiveTimeoutError(
+            f"{what}. Raise --collective-timeout if a step legitimately takes that long; "
+            "resume from the newest checkpoint with --resume") from e
+
+
+def _silent_ranks(rank: int, world: int) -> list[int]:
+    """Ranks that left no timeout mark within ``_MARK_WAIT_S`` (best effort: [] if the
+    store is unreachable)."""
+    try:
+        store = c10d._get_default_store()
+    except (RuntimeError, ValueError):
+        return []
+    prefix = f"subnetdp/timeout/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    try:
+        store.set(f"{prefix}{rank}", "1")
+        deadline = time.monotonic() + _MARK_WAIT_S
+        while True:
+            silent = [r for r in range(world) if not store.check([f"{prefix}{r}"])]
+            if not silent or time.monotonic() >= deadline:
+                return silent
+            time.sleep(0.1)
+    except (RuntimeError, dist.DistError):
+        return []
