@@ -48,6 +48,7 @@ def test_fsdp_resume_is_exact(strategy: str, extra: list[str], tmp_path: Path) -
 
 
 @pytest.mark.parametrize("strategy", ["bb-sdp", "n-sdp"])
+@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_fsdp_checkpoint_resumes_under_another_world_and_coverage(
     strategy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

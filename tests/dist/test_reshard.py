@@ -45,6 +45,7 @@ def _assembled(ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "b-sdp", "bb-sdp", "n-sdp", "nb-sdp"])
+@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_resume_under_another_world_and_coverage(
     strategy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

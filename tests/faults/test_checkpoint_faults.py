@@ -282,6 +282,7 @@ def _assert_failed_write(err: str, run: Path, before: dict[str, str]) -> None:
         k: v for k, v in before.items() if k.startswith("checkpoints")}
 
 
+@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_a_write_error_removes_the_staging_folder(
     run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -322,6 +323,7 @@ def test_a_full_disk_tmpfs(run: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_ranks_that_do_not_share_the_run_folder(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -342,6 +344,7 @@ def test_ranks_that_do_not_share_the_run_folder(
     _assert_failed_write(err, run, before)
 
 
+@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_resuming_on_ranks_that_do_not_share_the_run_folder(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

@@ -131,7 +131,7 @@ def add_ecosystem_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("train", help="train one run (ddp, b-sdp or n-sdp)")
+    p = subparsers.add_parser("train", help="train one run (any strategy, composition and plan)")
     add_train_arguments(p)
     p.add_argument("--out", default=None, help="run directory (default runs/<recipe>-<strategy>)")
     p.add_argument("--resume", default=None, metavar="RUN",

@@ -100,6 +100,10 @@ class WorkerStartTimeoutError(RuntimeError):
         self.missing = missing
 
 
+# How local launches start workers when the caller does not say ([Note: why not fork]). Tests
+# that patch library code in this process set it to "fork", so that the workers inherit it.
+DEFAULT_START_METHOD = "forkserver"
+
 def under_launcher() -> bool:
     """True when a launcher (torchrun, ``launch``) already started this process as a worker."""
     return all(v in os.environ for v in _LAUNCHER_VARS)
@@ -149,7 +153,7 @@ def launch(
         parent_state = torch.cuda.is_initialized() or (
             dist.is_available() and dist.is_initialized()
         )
-        start_method = "spawn" if parent_state else "forkserver"
+        start_method = "spawn" if parent_state else DEFAULT_START_METHOD
     if start_method not in ("fork", "spawn", "forkserver"):
         raise ValueError(
             f"start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}"
