@@ -4,6 +4,7 @@ processes, or this process under torchrun), and the run's summary."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     (the quality study) passes ``"forkserver"``: forking from a process whose threads (the
     elastic agent's TCP store) may hold a libc lock can deadlock a worker."""
     # torch, the models and the trainer load when a run starts, not on import
+    from subnetdp.train.hetero import prepare_hetero
     from subnetdp.train.launch import launch, under_launcher
     from subnetdp.train.resume import NonFiniteLossError, check_fresh_run_dir, preflight_resume
     from subnetdp.train.tasks import make_task
@@ -35,6 +37,9 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
             preflight_resume(cfg)
         else:
             check_fresh_run_dir(Path(cfg.out))
+        cfg = prepare_hetero(cfg, cfg.nproc)  # --capacities/--memory-gb (train/hetero.py)
+    else:
+        cfg = prepare_hetero(cfg, int(os.environ["WORLD_SIZE"]), worker=True)
     results = launch(train_worker, (cfg.to_dict(),), nproc=cfg.nproc,
                      run_id=f"subnetdp-{int(time.time())}", max_restarts=cfg.max_restarts,
                      start_method=start_method)
