@@ -237,6 +237,7 @@ def report(
     if costs is not None:
         out["unit_costs"] = costs.to_dict()
         out["per_rank_cost"] = _per_rank_cost(plan, costs, balance)
+        out["balance"] = balance
     if plan.coverage is not None:
         # Neuron-level units are named "pair[g]" and k applies per layer pair.
         first = plan.units[0].name.partition("[")[0]
@@ -289,7 +290,8 @@ def format_costs(rep: dict) -> str:
     kinds = list(rows[0])
     lines = [f"per-rank cost, share of the full model (measured on meta tensors, {batch}; "
              "memory = parameters, gradients, optimizer state and saved activations; time = "
-             "compute + gradient all-reduce, subnet.costs' step-time model):",
+             "compute + gradient all-reduce, subnet.costs' step-time model)"
+             + (f"; the plan balances {rep['balance']}" if rep.get("balance") else "") + ":",
              f"{'worker':>6}  " + "  ".join(f"{k:>8} {'':12}" for k in kinds)]
     for i, r in enumerate(rows):
         lines.append(f"{i:>6}  " + "  ".join(f"{r[k]:>8.3f} {_bar(r[k], 12)}" for k in kinds))
