@@ -2,8 +2,8 @@
 
 ``--capacities 1,0.5,0.5,0.5``: every rank builds the same balanced plan (deterministic, from
 the cost model) with rank i holding about ``capacities[i]`` of the units' cost. ``--memory-gb
-80,40,40,40``: the launching process turns the budgets into such a plan with
-``bench.hetero.plan_for_budgets`` (every rank checked by the fake-tensor estimator, which needs
+80,40,40,40``: the launching process turns the budgets into such a plan (balanced on memory)
+with ``bench.hetero.plan_for_budgets`` (every rank checked by the fake-tensor estimator, which needs
 a process without a process group), writes it to the run folder and hands the workers that
 plan file, so they never run the estimator. Both refuse bad input before any worker starts.
 """
@@ -62,7 +62,7 @@ def prepare_hetero(cfg: TrainConfig, world: int, *, worker: bool = False) -> Tra
     spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy, world=world,
                      batch=cfg.batch_size, seq=max(2, cfg.seq_len or 2), dtype=cfg.dtype,
                      fsdp=cfg.fsdp, ac=cfg.ac, seed=cfg.seed, bucket_cap_mb=cfg.bucket_cap_mb,
-                     model_args=tuple(sorted(cfg.model_args.items())), balance=cfg.balance,
+                     model_args=tuple(sorted(cfg.model_args.items())),
                      min_holders=cfg.min_holders)
     try:
         bp = plan_for_budgets(spec, cfg.memory_gb)
