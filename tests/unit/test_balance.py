@@ -239,3 +239,22 @@ def test_plan_command_shows_the_balanced_resources(capsys: pytest.CaptureFixture
                   and "params" in line and "time" in line)
     assert "cpu-time" in header and "flops" in header and "memory" in header
     assert "cpu-time: max / mean" in out
+
+
+def test_readme_balanced_resnet18_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's command: the default objective (params+time) keeps the worst rank's
+    parameters near C = 0.5 and FLOPs as even as spread's."""
+    import json
+
+    from subnetdp.cli import main
+
+    argv = ["plan", "--world", "8", "--recipe", "resnet18-cifar10", "--coverage", "0.5",
+            "--scheme", "balanced"]
+    assert main([*argv, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["scheme"] == "balanced" and rep["balance"] == "params+time"
+    assert max(rep["param_coverage"]) < 0.55
+    flops = [r["flops"] for r in rep["per_rank_cost"]]
+    assert max(flops) / np.mean(flops) < 1.05
+    assert main(argv) == 0
+    assert "the plan balances params+time" in capsys.readouterr().out
