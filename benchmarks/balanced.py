@@ -142,8 +142,8 @@ def _train(tmp: str, name: str, args: dict[str, Any], steps: int, **kw: Any) -> 
 
 
 def _cpu_spec(name: str, args: dict[str, Any], scheme: str, balance: str,
-              **kw: Any) -> BenchSpec:
-    return BenchSpec(recipe=name, strategy="b-sdp", world=4, batch=32, seq=2, coverage=0.5,
+              coverage: float = 0.5, **kw: Any) -> BenchSpec:
+    return BenchSpec(recipe=name, strategy="b-sdp", world=4, batch=32, seq=2, coverage=coverage,
                      scheme=scheme, balance=balance, model_args=tuple(sorted(args.items())),
                      **kw)
 
@@ -152,7 +152,6 @@ def cpu_time_model() -> dict[str, Any]:
     """Fit cpu-time's rates: unit time = flops / F + act_bytes / M, least squares on relative
     error over every unit of both CPU models (each unit's forward + backward timed alone, on
     the inputs it sees in a full forward, median of 10)."""
-    import numpy as np
 
     rows = []
     for name, args in RUNS:
@@ -160,17 +159,26 @@ def cpu_time_model() -> dict[str, Any]:
         for u, t in zip(costs.units, _unit_seconds(name, args), strict=True):
             rows.append({"recipe": name, "unit": u.name, "flops": u.flops,
                          "act_bytes": u.act_bytes, "measured_s": t})
+    return _fit(rows)
+
+
+def _fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The least-squares rates, and how well the rates in use and FLOPs alone predict each
+    unit's share of the measured time (both scaled to the measured total: balancing reads
+    shares, and a loaded machine slows every unit alike)."""
+    import numpy as np
+
     a = np.array([[r["flops"], r["act_bytes"]] for r in rows], dtype=float)
     y = np.array([r["measured_s"] for r in rows])
     coef = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)[0]
     used = a @ np.array([1 / CPU_FLOPS, 1 / CPU_MEMORY])
-    flops_only = a[:, 0] * (y.sum() / a[:, 0].sum())
-    for r, p in zip(rows, used, strict=True):
-        r["model_s"] = float(p)
+    err = {}
+    for key, pred in (("model", used), ("flops_only", a[:, 0])):
+        scaled = np.concatenate([pred[m] * (y[m].sum() / pred[m].sum()) for m in
+                                 [np.array([r["recipe"] == n for r in rows]) for n, _ in RUNS]])
+        err[f"median_rel_err_{key}"] = float(np.median(np.abs(scaled - y) / y))
     return {"fit_flops_per_s": float(1 / coef[0]), "fit_bytes_per_s": float(1 / coef[1]),
-            "used_flops_per_s": CPU_FLOPS, "used_bytes_per_s": CPU_MEMORY,
-            "median_rel_err_model": float(np.median(np.abs(used - y) / y)),
-            "median_rel_err_flops_only": float(np.median(np.abs(flops_only - y) / y)),
+            "used_flops_per_s": CPU_FLOPS, "used_bytes_per_s": CPU_MEMORY, **err,
             "units": rows}
 
 
@@ -328,9 +336,10 @@ def write(res: dict[str, Any]) -> None:
                f"(least squares on relative error): this run's fit F = "
                f"{m['fit_flops_per_s']:.3g} FLOP/s, M = {m['fit_bytes_per_s']:.3g} B/s; the "
                f"constants in subnet/costs.py (F = {m['used_flops_per_s']:.3g}, M = "
-               f"{m['used_bytes_per_s']:.3g}, from an earlier fit) predict the measured unit "
-               f"times within a median {m['median_rel_err_model']:.0%}, FLOPs alone (scaled "
-               f"to the total) within {m['median_rel_err_flops_only']:.0%}: on these small "
+               f"{m['used_bytes_per_s']:.3g}, from an earlier fit) predict each unit's share "
+               f"of its model's measured time within a median {m['median_rel_err_model']:.0%}"
+               f", FLOPs alone within {m['median_rel_err_flops_only']:.0%} (both scaled to "
+               "the measured total per model): on these small "
                "models the high-resolution early blocks cost far more time than their FLOPs "
                "say."]
     if res.get("cpu_runs"):
@@ -404,8 +413,18 @@ def main() -> None:
     ap.add_argument("--skip-runs", action="store_true", help="paper-scale tables only")
     ap.add_argument("--no-estimate", action="store_true",
                     help="cost model only (no fake-tensor estimates, no heterogeneous budgets)")
+    ap.add_argument("--hetero-only", action="store_true",
+                    help="rerun the heterogeneous parts into the existing balanced.json")
     a = ap.parse_args()
     t0 = time.perf_counter()
+    if a.hetero_only:
+        res = json.loads((OUT / "balanced.json").read_text())
+        res["cpu_time_model"] = _fit(res["cpu_time_model"]["units"])
+        res["hetero_cpu"] = hetero_cpu(res["steps"])
+        write(res)
+        res["hetero_paper"] = hetero_paper()
+        write(res)
+        return
     res: dict[str, Any] = {"steps": a.steps, "paper_scale": paper_scale(not a.no_estimate)}
     write(res)  # after every part, so a long run keeps what it measured
     if not a.skip_runs:
