@@ -169,3 +169,92 @@ def test_plan_command_explains_a_balanced_recipe_plan(capsys: pytest.CaptureFixt
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "per-rank cost" in table and "#" in table and "max / mean" in table
+
+
+# ResNet-18 (CIFAR-10, batch 128) forward + backward FLOPs per residual branch (subnet.costs)
+RESNET18_FLOPS = [0.136, 0.136, 0.102, 0.136, 0.102, 0.136, 0.102, 0.136]
+
+
+@pytest.mark.parametrize(("world", "n_units", "cov", "min_holders", "seed"), CASES[::2])
+def test_joint_objective_never_worse_than_spread_on_random_sizes(world, n_units, cov,
+                                                                 min_holders, seed) -> None:
+    """Two resources per unit (e.g. parameters and time), drawn independently: the largest
+    ratio over both is never above spread's; holders, connectivity and gap floor kept."""
+    rng = np.random.default_rng(100 + seed)
+    sizes = (rng.lognormal(10, 1.5, n_units) + 1).astype(int).tolist()
+    other = rng.lognormal(0, 0.7, n_units).tolist()
+    costs = [[float(s), t] for s, t in zip(sizes, other, strict=True)]
+    units = _units(sizes)
+    spread = make_plan(world=world, units=units, coverage=cov, scheme="spread")
+    bal = make_plan(world=world, units=units, coverage=cov, scheme="balanced", seed=seed,
+                    min_holders=min_holders, costs=costs)
+    caps = [cov] * world
+    assert max_ratio(bal.matrix, costs, caps) <= max_ratio(spread.matrix, costs, caps) + 1e-12
+    assert min(bal.holder_counts()) >= min_holders
+    assert is_connected(bal)
+    assert spectral_gap(bal) >= GAP_FLOOR * spectral_gap(spread) - 1e-12
+
+
+def test_joint_resnet18_keeps_params_and_flops_near_the_coverage() -> None:
+    """One resource at a time trades the other away (params: FLOPs max/mean ~1.5; FLOPs:
+    spread's 94% worst params); both at once keep both near C = 0.5 on 8 workers."""
+    units = _units(RESNET18)
+    kw = {"world": 8, "units": units, "coverage": 0.5, "shared_size": RESNET18_SHARED}
+    flops = np.asarray(RESNET18_FLOPS)
+
+    def flops_ratio(plan) -> float:  # type: ignore[no-untyped-def]
+        per = np.asarray(plan.matrix, dtype=float) @ flops
+        return float(per.max() / per.mean())
+
+    by_params = make_plan(scheme="balanced", **kw)
+    costs = [[float(p), f] for p, f in zip(RESNET18, RESNET18_FLOPS, strict=True)]
+    joint = make_plan(scheme="balanced", costs=costs, **kw)
+    spread = make_plan(scheme="spread", **kw)
+    assert joint.scheme == "balanced"
+    assert max(param_coverage(joint)) < 0.6 < max(param_coverage(spread))
+    assert flops_ratio(joint) < 1.3 < flops_ratio(by_params)
+
+
+def test_balance_names_are_checked() -> None:
+    from subnetdp.cli import main
+    from subnetdp.plan.objectives import parse_balance
+
+    assert parse_balance("params+time") == ("params", "time")
+    for bad in ("speed", "params+params", "params+"):
+        with pytest.raises(PlanError, match="--balance"):
+            parse_balance(bad)
+    with pytest.raises(SystemExit):
+        main(["plan", "--world", "4", "--units", "8", "--coverage", "0.5", "--scheme",
+              "balanced", "--balance", "speed"])
+
+
+def test_plan_command_shows_the_balanced_resources(capsys: pytest.CaptureFixture[str]) -> None:
+    from subnetdp.cli import main
+
+    argv = ["plan", "--world", "4", "--recipe", "resnet18-fmnist", "--coverage", "0.5",
+            "--scheme", "balanced", "--balance", "params+cpu-time", "--batch-size", "8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.strip().startswith("worker")
+                  and "params" in line and "time" in line)
+    assert "cpu-time" in header and "flops" in header and "memory" in header
+    assert "cpu-time: max / mean" in out
+
+
+def test_readme_balanced_resnet18_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's command: the default objective (params+time) keeps the worst rank's
+    parameters near C = 0.5 and FLOPs as even as spread's."""
+    import json
+
+    from subnetdp.cli import main
+
+    argv = ["plan", "--world", "8", "--recipe", "resnet18-cifar10", "--coverage", "0.5",
+            "--scheme", "balanced"]
+    assert main([*argv, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["scheme"] == "balanced" and rep["balance"] == "params+time"
+    assert max(rep["param_coverage"]) < 0.55
+    flops = [r["flops"] for r in rep["per_rank_cost"]]
+    assert max(flops) / np.mean(flops) < 1.05
+    assert main(argv) == 0
+    assert "the plan balances params+time" in capsys.readouterr().out

@@ -205,3 +205,14 @@ def test_swin_estimate_runs_and_its_init_matches_torch() -> None:
                                                ("num_heads", (1, 2))))
     for r in estimate_memory(spec).per_rank:
         assert r.state == r.analytic
+
+
+def test_image_estimate_uses_the_recipe_optimizer() -> None:
+    """ResNet recipes train with SGD + momentum (one state per parameter), Swin with AdamW
+    (two): the estimator builds the recipe's optimizer, so its optimizer bytes say so."""
+    from subnetdp.bench.strategies import optimizer_states
+
+    assert optimizer_states("resnet18-fmnist") == 1 and optimizer_states("swin-t-fmnist") == 2
+    est = estimate_memory(BenchSpec(strategy="ddp", coverage=1.0, **{**IMAGE, "world": 1}))
+    state = est.per_rank[0].state
+    assert state["optimizer"] == state["params"] == est.per_rank[0].analytic["optimizer"]

@@ -32,7 +32,6 @@ import torch.distributed as dist
 from torch import nn
 
 from subnetdp.bench.strategies import (
-    OPTIMIZER_STATES,
     BenchSpec,
     Built,
     build_rank,
@@ -40,6 +39,7 @@ from subnetdp.bench.strategies import (
     lm_step,
     make_bench_plan,
     meta_model,
+    optimizer_states,
     train_step,
     vocab_size,
 )
@@ -210,7 +210,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def held_state_bytes(built: Built) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state (per-parameter tensors; AdamW's
-    scalar step counters excluded) this rank holds right now."""
+    scalar step counters excluded; SGD's momentum buffers) this rank holds right now."""
     # Stored parameters (backward masking stores the full model) vs trained ones (gradients).
     stored = list(built.rank.module.parameters())
     params = list(built.rank.parameters())
@@ -234,7 +234,8 @@ def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, i
     if plan is not None and spec.fsdp:
         return FsdpLayout(spec, plan).state(rank)
     if plan is not None:
-        wb = worker_bytes(plan, rank, param_bytes=width, optimizer_states=OPTIMIZER_STATES,
+        wb = worker_bytes(plan, rank, param_bytes=width,
+                          optimizer_states=optimizer_states(spec.recipe),
                           masking=spec.strategy_value.cost_masking)
         return {"params": wb.params, "grads": wb.grads, "optimizer": wb.optimizer}
     _, meta = meta_model(spec)
@@ -244,7 +245,7 @@ def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, i
     else:
         elems = sum(p.numel() for p in meta.parameters())
     return {"params": elems * width, "grads": elems * width,
-            "optimizer": OPTIMIZER_STATES * elems * width}
+            "optimizer": optimizer_states(spec.recipe) * elems * width}
 
 
 class FsdpLayout:
@@ -287,7 +288,8 @@ class FsdpLayout:
         frozen_dtype = self.spec.compute_dtype or storage_dtype(self.spec.composition())
         trained = self.trained_elems(rank)
         return {"params": trained * width + self.frozen_elems(rank) * frozen_dtype.itemsize,
-                "grads": trained * width, "optimizer": OPTIMIZER_STATES * trained * width}
+                "grads": trained * width,
+                "optimizer": optimizer_states(self.spec.recipe) * trained * width}
 
     def signature(self, rank: int) -> tuple[Any, ...]:
         held = sorted((self.plan.units[u].size, len(self.plan.holders(u)),

@@ -53,7 +53,7 @@ def _unit_memory(spec: BenchSpec) -> tuple[float, float]:
 
     costs = recipe_costs(get_recipe(spec.recipe), batch=spec.batch, seq=spec.seq,
                          model_args=dict(spec.model_args))
-    w = costs.weights("memory")
+    w = [row[0] for row in costs.weights("memory")]
     return float(sum(w)), float(min(w))
 
 

@@ -33,6 +33,7 @@ from torch import nn
 from subnetdp.models import Recipe, get_recipe
 from subnetdp.parallelize import compute_dtype, parallelize, storage_dtype
 from subnetdp.plan import Plan
+from subnetdp.plan.objectives import DEFAULT_BALANCE
 from subnetdp.runtime.rank import RankModel
 from subnetdp.strategy import (
     BASELINES,
@@ -45,7 +46,15 @@ from subnetdp.strategy import (
 )
 from subnetdp.subnet.planning import plan_for
 
-OPTIMIZER_STATES = 2  # AdamW: exp_avg and exp_avg_sq, each as wide as its parameter
+
+def optimizer_states(recipe: str) -> int:
+    """Optimizer tensors per parameter, each as wide as it: the recipe's own optimizer, as
+    training builds it (``train.build.make_optimizer``): AdamW 2 (exp_avg, exp_avg_sq), SGD
+    with momentum 1 (momentum_buffer), plain SGD 0."""
+    d = get_recipe(recipe).defaults
+    if d.get("optimizer", "adamw") == "sgd":
+        return 1 if d.get("momentum", 0.9) else 0
+    return 2
 
 
 def all_strategies() -> tuple[str, ...]:
@@ -79,7 +88,7 @@ class BenchSpec:
     # measured at this spec's batch), per-rank capacities (heterogeneous workers; balanced
     # only, ``coverage`` then unused) and the minimum holders per unit
     scheme: str = "spread"
-    balance: str = "params"
+    balance: str = DEFAULT_BALANCE
     capacities: tuple[float, ...] | None = None
     min_holders: int = 1
     fsdp_prefetch: bool = True  # SDP + FSDP: prefetch adjacent held blocks (runtime.fsdp)
@@ -200,7 +209,8 @@ def build_rank(
     spec: BenchSpec, *, device: torch.device | str = "cpu", fake: bool = False,
     prebuilt: tuple[Recipe, nn.Module] | None = None,
 ) -> Built:
-    """This rank's model and AdamW optimizer for ``spec`` (process group already up), built
+    """This rank's model and optimizer (the recipe's: ``optimizer_states``) for ``spec``
+    (process group already up), built
     by ``parallelize``. ``fake=True``: inside ``FakeTensorMode`` (the estimator).
     ``prebuilt``: the ``meta_model(spec)`` pair, when it must be built outside fake mode."""
     recipe, model = prebuilt if prebuilt is not None else meta_model(spec)
@@ -208,12 +218,15 @@ def build_rank(
     plan = make_bench_plan(spec, model, recipe) if strategy.is_sdp else None
     rank = parallelize(model, adapter=recipe.adapter, strategy=strategy, plan=plan,
                        comp=spec.composition(), device=device, seed=spec.seed, fake=fake)
-    return Built(rank, _adamw(rank), plan)
+    return Built(rank, _optimizer(rank, recipe), plan)
 
 
-def _adamw(rank: RankModel) -> torch.optim.Optimizer:
+def _optimizer(rank: RankModel, recipe: Recipe) -> torch.optim.Optimizer:
     # foreach=False on every device: the per-tensor loop keeps optimizer temporaries to one
     # parameter's size, the same on CPU and GPU, so estimates do not depend on the device.
+    if optimizer_states(recipe.name) < 2:  # the image recipes train with SGD
+        return torch.optim.SGD(rank.parameters(), lr=1e-4, foreach=False,
+                               momentum=float(recipe.defaults.get("momentum", 0.9)))
     return torch.optim.AdamW(rank.parameters(), lr=1e-4, betas=(0.9, 0.95), foreach=False)
 
 

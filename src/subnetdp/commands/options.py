@@ -92,22 +92,33 @@ def add_neuron_arguments(p: Container) -> None:
 
 
 SCHEMES = ("spread", "random", "balanced")
-BALANCE_OBJECTIVES = ("params", "flops", "memory")  # subnet.costs.OBJECTIVES (torch-free here)
+
+
+def _balance(text: str) -> str:
+    from subnetdp.plan.objectives import parse_balance
+    from subnetdp.plan.plan import PlanError
+
+    try:
+        parse_balance(text)
+    except PlanError as e:  # argparse shows an ArgumentTypeError's message as is
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def add_scheme_arguments(p: Container, *, default: str | None) -> None:
     """``--scheme``, ``--balance`` and ``--min-holders`` (``plan.schemes.make_plan``)."""
+    from subnetdp.plan.objectives import DEFAULT_BALANCE, RESOURCES
+
     p.add_argument("--scheme", default=default, choices=SCHEMES,
                    help="spread (windows), random, or balanced: each rank holds about the "
                         "coverage's share of the units' cost, never worse than spread "
                         f"(default {default or 'spread'})")
-    # Default params: the state b-sdp shrinks, independent of the batch. At CIFAR batches a
-    # ResNet's saved activations are about equal per block and dominate "memory", so balancing
-    # memory keeps spread there (benchmarks/results/balanced.md).
-    p.add_argument("--balance", default="params", choices=BALANCE_OBJECTIVES,
-                   help="balanced: the unit cost to balance: params (default), or measured "
-                        "from the model at the batch size: flops (forward + backward) or "
-                        "memory (state + activations)")
+    p.add_argument("--balance", default=DEFAULT_BALANCE, type=_balance, metavar="R[+R...]",
+                   help=f"balanced: the unit costs to balance, one or several at once (the "
+                        f"largest ratio over all is minimised): {', '.join(RESOURCES)}; "
+                        "measured on the model at the batch size (time: compute + gradient "
+                        "all-reduce, accelerator rates; cpu-time: CPU rates) "
+                        f"(default {DEFAULT_BALANCE})")
     p.add_argument("--min-holders", type=int, default=1, metavar="H",
                    help="every unit is held by at least H workers (default 1)")
 

@@ -239,14 +239,15 @@ def _capacities(text: str | None, world: int) -> list[float] | None:
 
 def report(
     plan: Plan, model: str | None, *, param_bytes: int, optimizer_states: int,
-    masking: str = "forward", costs: Any = None,
+    masking: str = "forward", costs: Any = None, balance: str | None = None,
 ) -> dict:
     """Everything ``subnetdp plan`` prints, JSON-ready; with ``costs`` (``subnet.costs``
     ``ModelCosts``), the measured unit costs and each rank's share of the full model's."""
     out = diagnostics(plan)
     if costs is not None:
         out["unit_costs"] = costs.to_dict()
-        out["per_rank_cost"] = _per_rank_cost(plan, costs)
+        out["per_rank_cost"] = _per_rank_cost(plan, costs, balance)
+        out["balance"] = balance
     if plan.coverage is not None:
         # Neuron-level units are named "pair[g]" and k applies per layer pair.
         first = plan.units[0].name.partition("[")[0]
@@ -267,14 +268,23 @@ def report(
     return out
 
 
-def _per_rank_cost(plan: Plan, costs: Any) -> list[dict[str, float]]:
-    """Per rank: parameters, FLOPs (forward + backward) and the cost model's memory (state +
-    activations), each as a fraction of the full model's."""
-    kinds = {"params": lambda c: c.params, "flops": lambda c: c.flops,
-             "memory": lambda c: c.memory_bytes()}
-    full = {k: f(costs.shared) + sum(f(u) for u in costs.units) for k, f in kinds.items()}
-    return [{k: (f(costs.shared) + sum(f(costs.units[u]) for u in plan.held_units(i)))
-             / max(full[k], 1) for k, f in kinds.items()} for i in range(plan.world)]
+# the per-rank cost table's columns (plus any other resource the plan balanced)
+COST_COLUMNS = ("params", "flops", "memory", "time")
+
+
+def _per_rank_cost(plan: Plan, costs: Any, balance: str | None) -> list[dict[str, float]]:
+    """Per rank: parameters, FLOPs (forward + backward), the cost model's memory (state +
+    activations), step time (``subnet.costs``) and what ``balance`` names, each as a fraction
+    of the full model's."""
+    from subnetdp.plan.objectives import parse_balance
+
+    kinds = list(COST_COLUMNS)
+    kinds += [k for k in (parse_balance(balance) if balance else ()) if k not in kinds]
+    full = {k: costs.cost(costs.shared, k) + sum(costs.cost(u, k) for u in costs.units)
+            for k in kinds}
+    return [{k: (costs.cost(costs.shared, k) + sum(costs.cost(costs.units[u], k)
+                                                   for u in plan.held_units(i)))
+             / (full[k] or 1.0) for k in kinds} for i in range(plan.world)]
 
 
 def _bar(x: float, width: int = 20) -> str:
@@ -287,13 +297,15 @@ def format_costs(rep: dict) -> str:
     rows = rep["per_rank_cost"]
     c = rep["unit_costs"]
     batch = f"batch {c['batch']}" + (f" x {c['seq']} tokens" if c["seq"] else "")
+    kinds = list(rows[0])
     lines = [f"per-rank cost, share of the full model (measured on meta tensors, {batch}; "
-             "memory = parameters, gradients, AdamW state and saved activations):",
-             f"{'worker':>6}  {'params':>6} {'':20}  {'FLOPs':>6} {'':20}  {'memory':>6} {'':20}"]
+             "memory = parameters, gradients, optimizer state and saved activations; time = "
+             "compute + gradient all-reduce, subnet.costs' step-time model)"
+             + (f"; the plan balances {rep['balance']}" if rep.get("balance") else "") + ":",
+             f"{'worker':>6}  " + "  ".join(f"{k:>8} {'':12}" for k in kinds)]
     for i, r in enumerate(rows):
-        lines.append(f"{i:>6}  " + "  ".join(f"{r[k]:>6.3f} {_bar(r[k])}"
-                                             for k in ("params", "flops", "memory")))
-    for k in ("params", "flops", "memory"):
+        lines.append(f"{i:>6}  " + "  ".join(f"{r[k]:>8.3f} {_bar(r[k], 12)}" for k in kinds))
+    for k in kinds:
         vals = [r[k] for r in rows]
         lines.append(f"{k:>8}: max / mean = {max(vals) / (sum(vals) / len(vals)):.3f}")
     return "\n".join(lines)
@@ -412,7 +424,8 @@ def run(args: argparse.Namespace) -> int:
         costs = _model_costs(args)
     rep = report(plan, recipe, param_bytes=MASTER_BYTES[args.dtype],
                  optimizer_states=args.optimizer_states,
-                 masking=get_strategy(args.strategy).cost_masking, costs=costs)
+                 masking=get_strategy(args.strategy).cost_masking, costs=costs,
+                 balance=args.balance if plan.scheme == "balanced" else None)
     if args.check_schedule:
         strategy = get_strategy(args.strategy)
         schedules = plan_schedules(plan, fsdp=args.fsdp, neuron_level=strategy.neuron_level,

@@ -56,6 +56,13 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "dtype, fp32 under bf16-mixed)")
     add_plan_file_argument(p, help="an SDP plan JSON (`subnetdp plan --save`) instead of "
                                    "--coverage/--scheme")
+    # heterogeneous workers (train/hetero.py): one value per worker, instead of --coverage
+    p.add_argument("--capacities", type=_floats, metavar="C0,C1,...",
+                   help="each rank's share of the units' cost, e.g. 1,0.5,0.5,0.5: a balanced "
+                        "plan with unequal numbers of units per rank")
+    p.add_argument("--memory-gb", type=_floats, metavar="GB0,GB1,...",
+                   help="each rank's memory budget, e.g. 80,40,40,40: a balanced plan in which "
+                        "every rank's estimated peak fits (made before the workers start)")
     # default None (meaning 4) so that an explicit --nproc 4 is seen when resuming
     p.add_argument("--nproc", type=int, default=None,
                    help="local worker processes, default 4 (ignored under torchrun, which sets "
@@ -181,6 +188,14 @@ def _explicit_options(args: argparse.Namespace) -> set[str]:
         if getattr(args, "out", None) is not None:
             explicit.add("out")
     return {"model_args" if k == "model_arg" else k for k in explicit}
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got "
+                                         f"{text!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,15 +2,21 @@
 
 Units cost unequal amounts (ResNet-18's layer4 branches are 76% of its parameters), so a plan
 that counts units (``spread``) can leave one rank with most of the model. Here every unit u has
-a cost w_u (parameters, FLOPs or memory: plain numbers measured elsewhere) and every rank i a
-capacity c_i in (0, 1], the share of the total unit cost W = Σ w_u it should hold (the
+a cost w_u (parameters, FLOPs, memory or time: plain numbers measured elsewhere) and every rank
+i a capacity c_i in (0, 1], the share of the total unit cost W = Σ w_u it should hold (the
 coverage; heterogeneous workers get unequal c_i). Rank i's target is T_i = c_i·W and its
 *ratio* is load_i / T_i; the scheme minimises the largest ratio. Holder counts are free to
 differ between units (never below ``min_holders``), and the worker graph stays connected.
 
+A unit may cost several resources at once (a row w_u = (params, time, ...)): then every
+resource k has its own total W_k and target T_ik = c_i·W_k, a rank's ratio is its *largest*
+resource ratio max_k load_ik / T_ik, and the scheme minimises that (a joint min-max: one plan
+whose worst rank is near C in every resource). "Size" below means a unit's largest normalised
+cost max_k w_uk / W_k.
+
 Four deterministic phases (``seed`` only breaks ties):
 
-1. *Base copies*, longest processing time first: units by decreasing cost, each of its
+1. *Base copies*, longest processing time first: units by decreasing size, each of its
    h = max(min_holders, ⌊Σ c_i⌋) copies on the rank whose ratio after taking it is smallest.
    ⌊Σ c_i⌋ = ⌊N·C⌋ is about the holder count spread gives every unit: a heavy unit keeps as
    many holders as a light one (a cost-balanced plan that left layer4 with one holder would
@@ -58,10 +64,11 @@ class _State:
 
     def __init__(self, weights: np.ndarray, targets: np.ndarray, seed: int) -> None:
         n = len(targets)
-        self.w = weights
-        self.t = targets
+        self.w = weights  # [unit, resource]
+        self.t = targets  # [rank, resource]
+        self.size = (weights / weights.sum(axis=0)).max(axis=1)  # [unit], normalised
         self.held = np.zeros((n, len(weights)), dtype=bool)
-        self.load = np.zeros(n)
+        self.load = np.zeros(targets.shape)
         self.shared_units = np.zeros((n, n), dtype=np.int64)
         self.shared_cost = np.zeros((n, n))
         rng = np.random.default_rng(seed)
@@ -89,7 +96,7 @@ class _State:
     def _pair(self, i: int, u: int, sign: int) -> None:
         others = np.flatnonzero(self.held[:, u])
         others = others[others != i]
-        for m, v in ((self.shared_units, sign), (self.shared_cost, sign * self.w[u])):
+        for m, v in ((self.shared_units, sign), (self.shared_cost, sign * self.size[u])):
             m[i, others] += v
             m[others, i] += v
 
@@ -104,7 +111,12 @@ class _State:
         self._pair(i, u, -1)
 
     def ratios(self) -> np.ndarray:
-        return self.load / self.t
+        """Per rank: its largest resource ratio."""
+        return (self.load / self.t).max(axis=1)
+
+    def after(self, ranks: np.ndarray | slice, u: int) -> np.ndarray:
+        """The ratios of ``ranks`` if each took unit ``u`` too."""
+        return ((self.load[ranks] + self.w[u]) / self.t[ranks]).max(axis=1)
 
     def components(self) -> list[list[int]]:
         """Components of the graph "ranks that share a unit" (breadth-first on the pairs)."""
@@ -127,17 +139,19 @@ class _State:
 
 
 def balanced_matrix(
-    weights: Sequence[float], *, world: int, capacities: Sequence[float],
+    weights: Sequence[float] | Sequence[Sequence[float]], *, world: int,
+    capacities: Sequence[float],
     min_holders: int = 1, seed: int = 0, local_search: bool = True,
     gap: Callable[[Matrix], float] | None = None, min_gap: float = 0.0,
 ) -> Matrix:
-    """The balanced plan matrix ``[rank][unit]`` (module docstring). ``capacities[i]``: rank
-    i's share of the total unit cost; their sum must cover ``min_holders`` copies of every
+    """The balanced plan matrix ``[rank][unit]`` (module docstring). ``weights``: one cost per
+    unit, or one row of resource costs per unit. ``capacities[i]``: rank i's share of the total
+    unit cost (of every resource); their sum must cover ``min_holders`` copies of every
     unit. With ``gap`` (a matrix's spectral gap), the local search also refuses moves that
     take the gap below ``min_gap`` (or below its current value, if already lower): slower,
     one eigen-decomposition per accepted move, so callers try without it first."""
     w = _check(weights, world, capacities, min_holders)
-    st = _State(w, np.asarray(capacities, dtype=float) * w.sum(), seed)
+    st = _State(w, np.outer(np.asarray(capacities, dtype=float), w.sum(axis=0)), seed)
     st.gap_of, st.min_gap = gap, min_gap
     base = max(min_holders, min(world, int(sum(capacities) + 1e-9)))
     _base_copies(st, base)
@@ -151,19 +165,29 @@ def balanced_matrix(
     return st.matrix()
 
 
-def max_ratio(matrix: Sequence[Sequence[bool]], weights: Sequence[float],
+def max_ratio(matrix: Sequence[Sequence[bool]],
+              weights: Sequence[float] | Sequence[Sequence[float]],
               capacities: Sequence[float]) -> float:
-    """The objective: max over ranks of (held unit cost) / (capacity · total unit cost)."""
-    w = np.asarray(weights, dtype=float)
+    """The objective: max over ranks (and resources) of (held unit cost) / (capacity · total
+    unit cost)."""
+    w = _columns(np.asarray(weights, dtype=float))
     loads = np.asarray(matrix, dtype=float) @ w
-    return float(np.max(loads / (np.asarray(capacities, dtype=float) * w.sum())))
+    return float(np.max(loads / np.outer(np.asarray(capacities, dtype=float), w.sum(axis=0))))
 
 
-def _check(weights: Sequence[float], world: int, capacities: Sequence[float],
-           min_holders: int) -> np.ndarray:
+def _columns(w: np.ndarray) -> np.ndarray:
+    """Costs as ``[unit, resource]``; a resource that no unit costs counts units instead."""
+    w = w.reshape(len(w), -1) if w.ndim == 1 else w
+    zero = w.sum(axis=0) <= 0  # size-less units (e.g. --units N of size 0): balance their number
+    return np.where(zero[None, :], 1.0, w)
+
+
+def _check(weights: Sequence[float] | Sequence[Sequence[float]], world: int,
+           capacities: Sequence[float], min_holders: int) -> np.ndarray:
     w = np.asarray(weights, dtype=float)
-    if w.ndim != 1 or len(w) == 0:
-        raise PlanError("the balanced scheme needs one cost per unit (at least one unit)")
+    if w.ndim not in (1, 2) or len(w) == 0 or w.size == 0:
+        raise PlanError("the balanced scheme needs one cost (or one row of costs) per unit, "
+                        "and at least one unit")
     if np.any(w < 0) or not np.all(np.isfinite(w)):
         raise PlanError("unit costs must be finite and >= 0")
     if world < 1 or len(capacities) != world:
@@ -177,17 +201,15 @@ def _check(weights: Sequence[float], world: int, capacities: Sequence[float],
             f"the capacities sum to {sum(capacities):.4g} of the model's unit cost, but "
             f"{min_holders} holder(s) per unit need >= {min_holders}: raise the coverage "
             "(or the memory budgets), add workers, or lower --min-holders")
-    if w.sum() <= 0:  # size-less units (e.g. --units N of size 0): balance their number
-        w = np.ones_like(w)
-    return w
+    return _columns(w)
 
 
 def _base_copies(st: _State, copies: int) -> None:
-    order = sorted(range(len(st.w)), key=lambda u: (-st.w[u], st.unit_tie[u]))
+    order = sorted(range(len(st.w)), key=lambda u: (-st.size[u], st.unit_tie[u]))
     for u in order:
         chosen: list[int] = []
         for _ in range(copies):
-            after = (st.load + st.w[u]) / st.t + st.rank_tie
+            after = st.after(slice(None), u) + st.rank_tie
             after[st.held[:, u]] = np.inf
             # Among ranks (nearly) as good as the best, take the one sharing the least cost
             # with the holders chosen so far: LPT alone pairs ranks with equal loads again
@@ -205,23 +227,23 @@ def _fill(st: _State) -> None:
     progress = True
     while progress:
         progress = False
-        for i in np.argsort(-(st.t - st.load) / st.t, kind="stable"):
+        for i in np.argsort(st.ratios(), kind="stable"):
             room = st.t[i] - st.load[i]
-            ok = ~st.held[i] & (st.w <= room + EPS * st.t[i])
+            ok = ~st.held[i] & (st.w <= room + EPS * st.t[i]).all(axis=1)
             if not ok.any():
                 continue
             # largest fitting unit, then fewest holders, then the seeded order
-            key = np.lexsort((st.unit_tie, holders, -st.w))
+            key = np.lexsort((st.unit_tie, holders, -st.size))
             u = int(next(x for x in key if ok[x]))
             st.add(int(i), u)
             holders[u] += 1
             progress = True
     for i in range(len(st.t)):
-        room = st.t[i] - st.load[i]
+        r = float(st.ratios()[i])
         free = np.flatnonzero(~st.held[i])
-        if room > EPS * st.t[i] and len(free):
-            u = int(free[np.lexsort((st.unit_tie[free], holders[free], st.w[free]))[0]])
-            if st.w[u] - room < room:  # closer to the target after taking it
+        if r < 1 - EPS and len(free):
+            u = int(free[np.lexsort((st.unit_tie[free], holders[free], st.size[free]))[0]])
+            if st.after(np.array([i]), u)[0] - 1 < 1 - r:  # closer to the target after taking it
                 st.add(i, u)
                 holders[u] += 1
 
@@ -245,7 +267,7 @@ def _repair(st: _State) -> None:
             cand = np.flatnonzero(side & ~h)
             if len(cand) == 0:
                 continue
-            after = (st.load[cand] + st.w[u]) / st.t[cand]
+            after = st.after(cand, u)
             j = int(np.argmin(after + st.rank_tie[cand]))
             if best is None or after[j] < best[0]:
                 best = (float(after[j]), int(cand[j]), u)
@@ -273,9 +295,10 @@ def _mix(st: _State) -> None:
         if st.gap_of is None or st.gap >= st.min_gap:
             return
         top = float(st.ratios().max())
-        moves = [(a, u, b) for a, u in zip(*np.nonzero(st.held), strict=True)
-                 for b in np.flatnonzero(~st.held[:, u])
-                 if (st.load[b] + st.w[u]) / st.t[b] <= top + EPS]
+        moves = []
+        for a, u in zip(*np.nonzero(st.held), strict=True):
+            bs = np.flatnonzero(~st.held[:, u])
+            moves += [(a, u, b) for b in bs[st.after(bs, int(u)) <= top + EPS]]
         if not moves:
             return
         pick = rng.permutation(len(moves))[:MIX_CANDIDATES]
@@ -307,8 +330,9 @@ def _best_move(st: _State, a: int, r: np.ndarray) -> bool:
     # relocations: candidate (b, u) pairs as one matrix [rank, unit held by a]
     free = ~st.held[:, ua]
     free[a] = False
-    pair = np.maximum((st.load[a] - st.w[ua]) / st.t[a],
-                      (st.load[:, None] + st.w[ua][None, :]) / st.t[:, None])
+    wa = st.w[ua]  # [u, resource]
+    pair = np.maximum(((st.load[a] - wa) / st.t[a]).max(axis=-1),
+                      ((st.load[:, None] + wa[None]) / st.t[:, None]).max(axis=-1))
     pair[~free] = np.inf
     bs, us = np.nonzero(pair < limit)
     moves = sorted(zip(pair[bs, us].tolist(), ua[us].tolist(), bs.tolist(), [-1] * len(bs),
@@ -318,9 +342,10 @@ def _best_move(st: _State, a: int, r: np.ndarray) -> bool:
             vs = np.flatnonzero(st.held[b] & ~st.held[a])
             if len(vs) == 0:
                 continue
-            d = st.w[ua][:, None] - st.w[vs][None, :]  # [u, v]: what a sheds net
-            p2 = np.maximum((st.load[a] - d) / st.t[a], (st.load[b] + d) / st.t[b])
-            p2[(d <= 0) | ~free[b][:, None]] = np.inf
+            d = wa[:, None] - st.w[vs][None]  # [u, v, resource]: what a sheds net
+            p2 = np.maximum(((st.load[a] - d) / st.t[a]).max(axis=-1),
+                            ((st.load[b] + d) / st.t[b]).max(axis=-1))
+            p2[(d <= 0).all(axis=-1) | ~free[b][:, None]] = np.inf
             k = np.unravel_index(int(np.argmin(p2)), p2.shape)
             if p2[k] < limit:
                 moves.append((float(p2[k]), int(ua[k[0]]), int(b), int(vs[k[1]])))

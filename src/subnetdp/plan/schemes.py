@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -159,7 +160,7 @@ def make_plan(
     scheme: str = "spread",
     seed: int = 0,
     shared_size: int = 0,
-    costs: Sequence[float] | None = None,
+    costs: Sequence[float] | Sequence[Sequence[float]] | None = None,
     capacities: Sequence[float] | None = None,
     min_holders: int = 1,
 ) -> Plan:
@@ -169,7 +170,8 @@ def make_plan(
     their sizes. See ``units_for_coverage`` for the rounding. ``coverage == 1`` gives every worker
     every unit (DDP). ``seed`` only matters for ``scheme="random"`` and ``"balanced"``.
 
-    ``balanced`` balances ``costs`` (one per unit; default: the units' sizes) so that every rank
+    ``balanced`` balances ``costs`` (one per unit, or one row of resource costs per unit for a
+    joint min-max; default: the units' sizes) so that every rank
     holds about ``coverage`` of the total, or ``capacities[i]`` of it on rank i (heterogeneous
     workers). Every unit keeps >= ``min_holders`` holders (checked for every scheme).
     """
@@ -191,7 +193,7 @@ def make_plan(
     elif scheme == "random":
         matrix = random_matrix(world, num_units, k, np.random.default_rng(seed))
     elif scheme == "balanced":
-        weights = [float(c) for c in costs] if costs is not None else \
+        weights: list[Any] = [_cost(c) for c in costs] if costs is not None else \
             [float(u.size) for u in unit_list]
         if len(weights) != num_units:
             raise PlanError(f"{len(weights)} unit costs for {num_units} units")
@@ -219,6 +221,10 @@ def make_plan(
     return plan
 
 
+def _cost(c: float | Sequence[float]) -> float | list[float]:
+    return float(c) if isinstance(c, int | float) else [float(x) for x in c]
+
+
 def _unit_list(units: int | Sequence[Unit]) -> tuple[Unit, ...]:
     if isinstance(units, bool):
         raise PlanError("units must be a count or a list of Unit, got a bool")
@@ -242,7 +248,7 @@ def _check_min_holders(plan: Plan, min_holders: int) -> None:
 
 
 def _balanced(
-    world: int, units: tuple[Unit, ...], shared_size: int, weights: list[float],
+    world: int, units: tuple[Unit, ...], shared_size: int, weights: list[Any],
     caps: list[float], min_holders: int, seed: int,
 ) -> tuple[Matrix, str]:
     """The balanced matrix, or spread's when balanced would not be strictly better.

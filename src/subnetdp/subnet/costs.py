@@ -5,11 +5,22 @@ tensors under ``FlopCounterMode`` (FLOPs per module, forward and backward apart)
 saved-tensor hooks (the bytes autograd keeps for backward, attributed to the unit whose forward
 is running; parameters excluded, tensors sharing a base counted once). Everything outside the
 units is the shared part. The balanced scheme (``plan/balance.py``) reads plain numbers from
-here: ``ModelCosts.weights(objective)``.
+here: ``ModelCosts.weights(objective)``, one column per resource of the objective
+(``plan.objectives``).
+
+Step time (``time``, ``cpu-time``) is a roofline-style model, not a measurement: a unit costs
+``flops / F + act_bytes / M + 2 * grad_bytes / B`` seconds: compute at F FLOP/s, its saved
+activations (written in forward, read in backward: memory traffic) at M bytes/s, and the ring
+all-reduce of its gradient (each rank sends and receives about twice the gradient) at B bytes/s
+of bus bandwidth. ``RATES`` gives the figures: nominal ones for an accelerator (``time``) and
+ones fitted on this project's CPU machine (``cpu-time``; ``benchmarks/balanced.py`` fits them
+again from measured unit times and prints the fit), where small convolutions are bound by
+memory traffic rather than FLOPs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -17,10 +28,34 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from subnetdp.plan.objectives import RESOURCES, parse_balance
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.units import unit_modules
 
-OBJECTIVES = ("params", "flops", "memory")
+OBJECTIVES = RESOURCES
+# cpu-time's compute rates, fitted (benchmarks/balanced.py, "CPU time model")
+CPU_FLOPS = 4.3e10
+CPU_MEMORY = 1.5e8
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The step-time model's rates (module docstring)."""
+
+    flops: float  # FLOP/s sustained
+    memory: float  # bytes/s of activation traffic
+    network: float  # all-reduce bus bandwidth, bytes/s
+
+
+RATES = {
+    # nominal, one A100/H100-class GPU: ~100 TFLOP/s sustained, ~2 TB/s HBM, ~50 GB/s of
+    # all-reduce bus bandwidth between nodes (400 Gb/s InfiniBand per GPU)
+    "time": Rates(flops=100e12, memory=2e12, network=50e9),
+    # fitted on one core of the project's CPU machine (forward + backward of every unit of
+    # resnet18-fmnist width 8 and swin-t-fmnist embed_dim 24, batch 32); the network figure
+    # is an assumed 1 GB/s for gloo over loopback, not measured
+    "cpu-time": Rates(flops=CPU_FLOPS, memory=CPU_MEMORY, network=1e9),
+}
 
 
 @dataclass(frozen=True)
@@ -36,9 +71,15 @@ class UnitCost:
         return self.fwd_flops + self.bwd_flops
 
     def memory_bytes(self, *, param_bytes: int = 4, optimizer_states: int = 2) -> int:
-        """Parameters, gradients and optimizer state (fp32 AdamW: 16 B per element) plus the
-        activations it keeps: what holding the unit adds to a rank's peak, roughly."""
+        """Parameters, gradients and optimizer state (fp32 AdamW: 16 B per element, SGD with
+        momentum 12 B) plus the activations it keeps: what holding the unit adds to a rank's
+        peak, roughly."""
         return self.params * param_bytes * (2 + optimizer_states) + self.act_bytes
+
+    def seconds(self, rates: Rates, *, param_bytes: int = 4) -> float:
+        """The step-time model (module docstring)."""
+        return (self.flops / rates.flops + self.act_bytes / rates.memory
+                + 2 * param_bytes * self.params / rates.network)
 
 
 @dataclass(frozen=True)
@@ -47,22 +88,28 @@ class ModelCosts:
     shared: UnitCost
     batch: int
     seq: int | None
+    optimizer_states: int = 2  # the recipe's optimizer (bench.strategies.optimizer_states)
 
-    def weights(self, objective: str) -> list[float]:
-        """One balancing weight per unit: ``params``, ``flops`` (forward + backward) or
-        ``memory`` (``UnitCost.memory_bytes``)."""
-        if objective not in OBJECTIVES:
-            raise ValueError(f"unknown balance objective {objective!r}; use one of "
-                             f"{', '.join(OBJECTIVES)}")
-        if objective == "params":
-            return [float(u.params) for u in self.units]
-        if objective == "flops":
-            return [float(u.flops) for u in self.units]
-        return [float(u.memory_bytes()) for u in self.units]
+    def cost(self, unit: UnitCost, resource: str) -> float:
+        """``unit``'s cost in one resource (``plan.objectives.RESOURCES``)."""
+        if resource == "params":
+            return float(unit.params)
+        if resource == "flops":
+            return float(unit.flops)
+        if resource == "memory":
+            return float(unit.memory_bytes(optimizer_states=self.optimizer_states))
+        if resource in RATES:
+            return unit.seconds(RATES[resource])
+        raise ValueError(f"unknown resource {resource!r}; use one of {', '.join(RESOURCES)}")
+
+    def weights(self, objective: str) -> list[list[float]]:
+        """Per unit, its cost in every resource of ``objective`` (e.g. ``params+time``)."""
+        names = parse_balance(objective)
+        return [[self.cost(u, r) for r in names] for u in self.units]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "seq": self.seq, "shared": asdict(self.shared),
-                "units": [asdict(u) for u in self.units]}
+        return {"batch": self.batch, "seq": self.seq, "optimizer_states": self.optimizer_states,
+                "shared": asdict(self.shared), "units": [asdict(u) for u in self.units]}
 
 
 def example_input(task: str, defaults: dict[str, Any], batch: int,
@@ -148,5 +195,8 @@ def recipe_costs(recipe: Any, *, batch: int | None = None, seq: int | None = Non
     d = recipe.defaults
     batch = batch or int(d.get("batch_size", 1))
     seq = (seq or int(d.get("seq_len", 128))) if recipe.task == "lm" else None
-    return measure_costs(model, recipe.adapter, example_input(recipe.task, d, batch, seq),
-                         seq=seq)
+    from subnetdp.bench.strategies import optimizer_states
+
+    costs = measure_costs(model, recipe.adapter, example_input(recipe.task, d, batch, seq),
+                          seq=seq)
+    return dataclasses.replace(costs, optimizer_states=optimizer_states(recipe.name))

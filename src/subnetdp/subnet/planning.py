@@ -17,8 +17,8 @@ def plan_for(
     model: nn.Module, adapter: UnitAdapter, strategy: Strategy, *, world: int, coverage: float,
     scheme: str = "spread", seed: int = 0, neuron_groups: int | None = None,
     neuron_kinds: str | None = None, rotate: bool = False,
-    costs: Sequence[float] | None = None, capacities: Sequence[float] | None = None,
-    min_holders: int = 1,
+    costs: Sequence[float] | Sequence[Sequence[float]] | None = None,
+    capacities: Sequence[float] | None = None, min_holders: int = 1,
 ) -> Plan:
     """The plan of ``strategy`` at ``coverage`` (``ddp``: everyone holds every block, so the
     reports of every strategy read one plan shape). ``model`` may be on the meta device.

@@ -27,13 +27,15 @@ def build_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -
         plan.validate(world)
         return plan
     costs = None
-    if cfg.scheme == "balanced" and cfg.balance != "params":  # params: the units' sizes
+    scheme = "balanced" if cfg.capacities is not None else cfg.scheme  # train/hetero.py
+    if scheme == "balanced" and cfg.balance != "params":  # params: the units' sizes
         from subnetdp.subnet.costs import recipe_costs
 
         costs = recipe_costs(recipe, batch=cfg.batch_size, seq=cfg.seq_len,
                              model_args=cfg.model_args).weights(cfg.balance)
     return plan_for(model, recipe.adapter, get_strategy(cfg.strategy), world=world,
-                    coverage=cfg.coverage, scheme=cfg.scheme, seed=cfg.seed,
+                    coverage=1.0 if cfg.capacities is not None else cfg.coverage,
+                    scheme=scheme, seed=cfg.seed, capacities=cfg.capacities,
                     neuron_groups=cfg.neuron_groups, neuron_kinds=cfg.neuron_kinds,
                     rotate=cfg.rotate, costs=costs, min_holders=cfg.min_holders)
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
 from subnetdp.strategy import Composition, Strategy, get_strategy
 
 
@@ -16,10 +17,15 @@ class TrainConfig:
     strategy: str = "b-sdp"
     coverage: float = 0.5
     scheme: str = "spread"  # spread | random | balanced (plan/balance.py)
-    # balanced: what to balance (subnet.costs.OBJECTIVES: params, flops, memory; the last two
+    # balanced: what to balance (plan.objectives: one resource or several joined by "+",
     # measured at the run's batch); every unit keeps >= min_holders holders (any scheme)
-    balance: str = "params"
+    balance: str = DEFAULT_BALANCE
     min_holders: int = 1
+    # Heterogeneous workers (train/hetero.py): each rank's share of the units' cost, or each
+    # rank's memory budget in GB (a balanced plan the estimator checks, made before the
+    # workers start); either replaces --coverage, and needs a block-level SDP strategy.
+    capacities: list[float] | None = None
+    memory_gb: list[float] | None = None
     plan_file: str | None = None  # a plan JSON (e.g. from `subnetdp plan --json`) instead
     # n-sdp: groups per layer pair (None = neurons.default_groups: the world size or a multiple
     # of it), which pair kinds to split (None = all the model declares, e.g. "ffn,heads"),
@@ -143,8 +149,11 @@ class TrainConfig:
         self.composition().check(strategy)
         if self.plan_file is not None and not strategy.is_sdp:
             bad("--plan-file needs an SDP strategy (ddp holds the whole model); drop it")
-        if self.balance not in ("params", "flops", "memory"):
-            bad(f"--balance must be params, flops or memory, got {self.balance!r}")
+        parse_balance(self.balance)  # a PlanError (ValueError) that says what is allowed
+        if self.capacities is not None or self.memory_gb is not None:
+            from subnetdp.train.hetero import check_hetero
+
+            check_hetero(self)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
         if self.neuron_groups is not None and self.neuron_groups < 1:

@@ -23,6 +23,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     elastic agent's TCP store) may hold a libc lock can deadlock a worker."""
     # torch, the models and the trainer load when a run starts, not on import
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
+    from subnetdp.train.hetero import prepare_hetero
     from subnetdp.train.launch import WorkerFailedError, under_launcher
     from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count
     from subnetdp.train.rundir import check_fresh, hold_run_folder
@@ -47,6 +48,9 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext():
         if owner and restart_count() == 0:  # a torchrun restart continues its own folder
             check_fresh(Path(cfg.out), resume=bool(cfg.resume), overwrite=cfg.overwrite)
+        # --capacities/--memory-gb (train/hetero.py); under torchrun each worker checks them
+        cfg = (prepare_hetero(cfg, int(os.environ["WORLD_SIZE"]), worker=True)
+               if under_launcher() else prepare_hetero(cfg, cfg.nproc))
         try:
             # tee: rank 0's progress lines still show here
             results = launch_shrinking(
