@@ -48,8 +48,9 @@ def test_compositions_apply_to_sdp_options_only() -> None:
 
     opts = plan_budget(BASE, 40e-9, estimator=estimator, fsdp=True, ac=True)
     labels = {o.spec.label.split(" ")[0] for o in opts}
-    # baselines keep their names; only the SDP strategies that compose with FSDP are offered
-    assert labels == {"ddp", "ddp+ac", "fsdp", "fsdp+ac", "b-sdp+fsdp+ac", "bb-sdp+fsdp+ac"}
+    # baselines keep their names; every SDP strategy is offered composed
+    assert labels == {"ddp", "ddp+ac", "fsdp", "fsdp+ac", "b-sdp+fsdp+ac", "bb-sdp+fsdp+ac",
+                      "n-sdp+fsdp+ac", "nb-sdp+fsdp+ac"}
     assert all(s.fsdp and s.ac for s in seen if s.is_sdp)
     best = next(o for o in opts if o.spec.strategy == "b-sdp")
     assert best.fits and best.spec.coverage == 0.5  # k=4 costs 35, k=5 costs 41
