@@ -53,8 +53,10 @@ def run(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> Path:
 
 
 def _snapshot(root: Path) -> dict[str, str]:
+    """Every file of a run folder but its logs (each launch adds its workers' output there)."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and p.relative_to(root).parts[0] != "logs"}
 
 
 def _err(args: list[str], capsys: pytest.CaptureFixture[str], code: int = 2) -> str:
@@ -284,7 +286,7 @@ def _assert_failed_write(err: str, run: Path, before: dict[str, str]) -> None:
 
 @pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_a_write_error_removes_the_staging_folder(
-    run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    run: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """ENOSPC raised in rank 1's writer (forked workers inherit the patch)."""
     import subnetdp.train.checkpoint as checkpoint
@@ -298,7 +300,7 @@ def test_a_write_error_removes_the_staging_folder(
 
     monkeypatch.setattr(checkpoint, "write_shard", full)
     before = _snapshot(run)
-    err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capsys, code=1))
+    err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capfd, code=1))
     assert "rank 1 could not write its file: [Errno 28] No space left on device" in err
     _assert_failed_write(err, run, before)
 
@@ -326,7 +328,7 @@ def test_a_full_disk_tmpfs(run: Path, tmp_path: Path, capsys: pytest.CaptureFixt
 @pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_ranks_that_do_not_share_the_run_folder(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """Node-local --out: rank 1 sees its own (empty) folder where rank 0 sees the run's."""
     import subnetdp.train.checkpoint as checkpoint
@@ -339,7 +341,7 @@ def test_ranks_that_do_not_share_the_run_folder(
 
     monkeypatch.setattr(checkpoint, "checkpoints_root", local_view)
     before = _snapshot(run)
-    err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capsys, code=1))
+    err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capfd, code=1))
     assert "rank 1 on" in err and "does not see the folder" in err and "node-local" in err
     _assert_failed_write(err, run, before)
 
@@ -347,7 +349,7 @@ def test_ranks_that_do_not_share_the_run_folder(
 @pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_resuming_on_ranks_that_do_not_share_the_run_folder(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """Node-local --out on resume: rank 1 finds no checkpoint where rank 0 finds it."""
     import subnetdp.train.checkpoint as checkpoint
@@ -359,7 +361,7 @@ def test_resuming_on_ranks_that_do_not_share_the_run_folder(
 
     monkeypatch.setattr(checkpoint, "read_manifest", local_view)
     before = _snapshot(run)
-    err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capsys, code=1))
+    err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capfd, code=1))
     assert "rank 1 does not see the checkpoint" in err and "node-local --out" in err
     assert _snapshot(run) == before
 
