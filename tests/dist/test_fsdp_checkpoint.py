@@ -1,6 +1,6 @@
 """Checkpoints of SDP + FSDP2 runs: an interrupted and resumed run reproduces the uninterrupted
 one exactly (b-sdp + AC, nb-sdp + AC: blocks, and grouped parts with frozen non-held ones), and
-a checkpoint loads bit for bit under another world size and coverage (bb-sdp, n-sdp). The
+a checkpoint loads bit for bit under another world size and coverage (bb-sdp). The
 format is the plain one (full-model pieces, each from its owner), so export is unchanged."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.ckpt_io import assemble_full_state, list_checkpoints, read_manifest
 
-pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
 WORLD = 4
 TINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
@@ -47,7 +47,7 @@ def test_fsdp_resume_is_exact(strategy: str, extra: list[str], tmp_path: Path) -
     assert all(torch.equal(again[k], final[k]) for k in final)
 
 
-@pytest.mark.parametrize("strategy", ["bb-sdp", "n-sdp"])
+@pytest.mark.parametrize("strategy", ["bb-sdp"])
 @pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_fsdp_checkpoint_resumes_under_another_world_and_coverage(
     strategy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
