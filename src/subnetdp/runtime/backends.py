@@ -25,10 +25,10 @@ from subnetdp.runtime.assemble import owns
 from subnetdp.runtime.fsdp import (
     ShardRefresher,
     check_fsdp_schedule,
-    chunk_views,
     local_full_state,
     local_grad_sq_norm,
     local_tensor,
+    my_chunk,
     shard_blocks,
 )
 from subnetdp.runtime.grouped import GroupedLayer, ungroup_state
@@ -252,18 +252,18 @@ class FSDPBackend:
         parts = self.part_places()
         src = {key: parts.get(key, (key, None)) for key in dst}  # plain key, slice of it
         _check_pieces({k for k, _ in src.values()}, entries, local)
+        shapes = self._plain_shapes()
         plain_key, plain = "", torch.empty(0)
         for key, t in dst.items():
             k, where = src[key]
             if k != plain_key:  # a layer's parts come together: assemble each key once
-                plain_key, plain = k, torch.empty(self._plain_shapes[k], dtype=t.dtype)
+                plain_key, plain = k, torch.empty(shapes[k], dtype=t.dtype)
                 for lp in local[k]:
                     lp.view(plain).copy_(entries[lp.piece.name])
             view = plain if where is None else plain.narrow(where[0], where[1],
                                                             where[2] - where[1])
-            if isinstance(t, DTensor):  # FSDP2's dim-0 chunk for this rank's mesh coordinate
-                mesh = t.device_mesh
-                t.to_local().copy_(chunk_views(view, mesh.size())[mesh.get_local_rank()])
+            if isinstance(t, DTensor):
+                t.to_local().copy_(my_chunk(view, t))
             else:
                 t.copy_(view)
 
@@ -280,10 +280,9 @@ class FSDPBackend:
         return out
 
     def plain_params(self) -> Mapping[str, torch.Tensor]:
-        return _Templates(self._plain_shapes, {
+        return _Templates(self._plain_shapes(), {
             k: (p.dtype, p.device) for k, p in self.module.named_parameters()}, self.part_places())
 
-    @property
     def _plain_shapes(self) -> dict[str, torch.Size]:
         """Every local state key's plain shape (a grouped layer's: its parts concatenated)."""
         shapes = {k: t.shape for k, t in self.module.state_dict().items()}

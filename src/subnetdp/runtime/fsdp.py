@@ -241,6 +241,12 @@ class ShardRefresher:
         return self.bytes_sent
 
 
+def my_chunk(full: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """This rank's FSDP2 dim-0 chunk of ``full``, sharded as ``like`` is (its mesh coordinate)."""
+    mesh = like.device_mesh
+    return chunk_views(full, mesh.size())[mesh.get_local_rank()]
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``t``: a DTensor's local shard, anything else itself."""
     return t.to_local() if isinstance(t, DTensor) else t

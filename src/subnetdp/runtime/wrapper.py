@@ -20,7 +20,7 @@ from subnetdp.runtime.assemble import (
 )
 from subnetdp.runtime.backends import Backend, FSDPBackend, ReducerBackend
 from subnetdp.runtime.checkpointing import checkpoint_blocks
-from subnetdp.runtime.fsdp import chunk_views, local_tensor
+from subnetdp.runtime.fsdp import local_tensor, my_chunk
 from subnetdp.runtime.grouped import group_layers
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.reducer import CommStats
@@ -249,10 +249,8 @@ class SubnetDataParallel(nn.Module):
     def from_plain(self, p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(p, DTensor):
             return t
-        mesh = p.device_mesh
-        mine = chunk_views(t, mesh.size())[mesh.get_local_rank()].clone()
-        return DTensor.from_local(mine, mesh, p.placements, run_check=False, shape=p.shape,
-                                  stride=p.stride())
+        return DTensor.from_local(my_chunk(t, p).clone(), p.device_mesh, p.placements,
+                                  run_check=False, shape=p.shape, stride=p.stride())
 
     def tracked_modules(self) -> list[nn.Module]:
         """Modules whose parameters a memory tracker must count: the local model, and under
