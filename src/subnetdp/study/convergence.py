@@ -68,19 +68,18 @@ def _suite(name: str, llama_steps: int, resnet_steps: int, overfit_steps: int,
         coverages=(0.5,), methods=METHODS, seeds=1, nproc=4)
 
 
-# Sizing, from 20-step timings of every method on a loaded machine, scaled to a quiet one by
-# the quality study's measured DDP step times (llama-tiny 8 x 32: 0.26 s; ResNet width 8:
-# 0.11 s) and its step-time ratios of the SDP variants to DDP: llama-tiny at 4 x 128 tokens
-# ~0.36 s per DDP step, ResNet-18 at width 12 ~0.18 s. Estimated wall time on a quiet machine:
-# llama ~76 min (2,000 steps = 1 epoch of the corpus; 6 downstream evaluations ~11 min of it),
-# resnet ~58 min (2,000 steps = 4.3 epochs), overfit ~28 min (1,000 steps = 43 epochs of 3,000
-# images): ~2.7 h in all, start-up and evaluations included. On a loaded machine it is
-# several times longer (the 20-step timings ran at a load average of 10-16 on 2 cores).
+# Sizing, from the quality study's DDP step times on a quiet machine scaled to these models
+# (llama-tiny at 4 x 128 tokens ~0.36 s per DDP step, ResNet-18 at width 12 ~0.18 s) and its
+# step-time ratios of the SDP variants to DDP. Each task trains 6 runs: ddp, b-sdp, n-sdp and
+# bb-sdp for S steps, b-sdp and n-sdp for 2S (FLOP-matched), about 6.3 DDP runs of S steps.
+# llama: 1,200 steps (0.6 epochs of the corpus), ~45 min + 6 downstream evaluations ~10 min;
+# resnet: 1,500 steps (3.2 epochs of 60,000 images), ~30 min; overfit: 600 steps (26 epochs
+# of 3,000 images), ~12 min; with start-up and validation ~1.8 h on a quiet 2-core machine.
+# Validation: 16 LLaMA batches (32 k tokens), all 10,000 test images (313 batches of 32).
 CONVERGENCE = _suite(
-    "convergence", llama_steps=2000, resnet_steps=2000, overfit_steps=1000,
-    llama={"batch_size": 4, "seq_len": 128, "warmup": 100, "eval_batches": 32},
-    # all 10,000 test images: 79 batches of 128
-    image={"batch_size": 32, "model_args": {"width": 12}, "eval_batches": 79},
+    "convergence", llama_steps=1200, resnet_steps=1500, overfit_steps=600,
+    llama={"batch_size": 4, "seq_len": 128, "warmup": 60, "eval_batches": 16},
+    image={"batch_size": 32, "model_args": {"width": 12}, "eval_batches": 313},
     overfit_images=3000)
 
 # --quick: the same cells, a few steps each on small models (seconds per cell); the test suite
