@@ -68,17 +68,17 @@ def _suite(name: str, llama_steps: int, resnet_steps: int, overfit_steps: int,
         coverages=(0.5,), methods=METHODS, seeds=1, nproc=4)
 
 
-# Sizing, from the quality study's DDP step times on a quiet machine scaled to these models
-# (llama-tiny at 4 x 128 tokens ~0.36 s per DDP step, ResNet-18 at width 12 ~0.18 s) and its
-# step-time ratios of the SDP variants to DDP. Each task trains 6 runs: ddp, b-sdp, n-sdp and
-# bb-sdp for S steps, b-sdp and n-sdp for 2S (FLOP-matched), about 6.3 DDP runs of S steps.
-# llama: 1,200 steps (0.6 epochs of the corpus), ~45 min + 6 downstream evaluations ~10 min;
-# resnet: 1,500 steps (3.2 epochs of 60,000 images), ~30 min; overfit: 600 steps (26 epochs
-# of 3,000 images), ~12 min; with start-up and validation ~1.8 h on a quiet 2-core machine.
-# Validation: 16 LLaMA batches (32 k tokens), all 10,000 test images (313 batches of 32).
+# Sizing, from the first 170 steps of this study's DDP llama cell on a loaded machine (0.75 s
+# per step; ~0.5 s quiet) and the quality study's step-time ratios of the SDP variants to DDP.
+# Each task trains 6 runs: ddp, b-sdp, n-sdp and bb-sdp for S steps, b-sdp and n-sdp for 2S
+# (FLOP-matched), about 6.3 DDP runs of S steps. llama: 800 steps (0.4 epochs of the corpus),
+# ~45 min + 6 downstream evaluations ~10 min; resnet: 1,000 steps (2.1 epochs of 60,000
+# images), ~30 min; overfit: 400 steps (17 epochs of 3,000 images), ~12 min; ~1.7 h in all on a
+# quiet 2-core machine. Validation: 16 LLaMA batches (32 k tokens); all 10,000 test images
+# (313 batches of 32).
 CONVERGENCE = _suite(
-    "convergence", llama_steps=1200, resnet_steps=1500, overfit_steps=600,
-    llama={"batch_size": 4, "seq_len": 128, "warmup": 60, "eval_batches": 16},
+    "convergence", llama_steps=800, resnet_steps=1000, overfit_steps=400,
+    llama={"batch_size": 4, "seq_len": 128, "warmup": 40, "eval_batches": 16},
     image={"batch_size": 32, "model_args": {"width": 12}, "eval_batches": 313},
     overfit_images=3000)
 
