@@ -11,10 +11,14 @@ their optimizer states stay bit-identical without ever being broadcast.
 DDP's reducer cannot express this (it divides by the world size and expects every rank to run
 every parameter), so subnetdp owns its reducer:
 - Buckets. Parameters are laid out in one *global* order, the reverse of the full model's
-  registration order (roughly the order in which backward produces gradients), and consecutive
-  parameters with the same holder set and dtype are packed into a bucket of at most
-  ``bucket_cap_bytes``. Every rank derives the same list from the plan and the full model's
-  layout, so the members of a group agree on each bucket's content and flat offsets.
+  registration order (roughly the order in which backward produces gradients). Each holder set
+  (and dtype) fills its own bucket of at most ``bucket_cap_bytes`` along that order, across
+  layers, and buckets are listed by the position of their last piece (when backward completes
+  them). Every rank derives the same list from the plan and the full model's layout, so the
+  members of a group agree on each bucket's content and flat offsets. Packing by holder set,
+  not only consecutive runs of one, matters at neuron level: there every layer pair interleaves
+  its groups' slices with tiny shared norm weights, and runs alone gave 49 all-reduces per
+  step on llama-tiny where 3 carry the same bytes.
 - Overlap. A post-accumulate-grad hook marks a parameter ready; when a bucket is complete it is
   all-reduced asynchronously over its holder group while backward continues.
 - No deadlock. A rank launches its buckets strictly in global order (a ready bucket waits for
@@ -63,27 +67,23 @@ def global_buckets(
 ) -> list[BucketSpec]:
     """The bucket list every rank derives identically from the plan and the full model's
     reduced pieces in reduction order (``subnet.pieces.reduction_order``: user-frozen
-    parameters and tie aliases are not in it, so they cost no bytes anywhere)."""
+    parameters and tie aliases are not in it, so they cost no bytes anywhere). Each (holder
+    set, dtype) fills its own open bucket; a full one is closed and a new one opened. The list
+    is ordered by each bucket's last piece, the point in backward where it can launch."""
     everyone = tuple(range(plan.world))
-    specs: list[BucketSpec] = []
-    cur: list[Piece] = []
-    cur_holders: tuple[int, ...] = ()
-    size = 0
-    for piece in order:
+    done: list[tuple[int, BucketSpec]] = []  # (index of the last piece, bucket)
+    open_: dict[tuple[tuple[int, ...], torch.dtype], tuple[list[Piece], int, int]] = {}
+    for i, piece in enumerate(order):
         holders = everyone if piece.unit is None else tuple(plan.holders(piece.unit))
+        key = (holders, piece.dtype)
         nbytes = piece.numel * piece.dtype.itemsize
-        if cur and (
-            holders != cur_holders or piece.dtype != cur[0].dtype
-            or size + nbytes > bucket_cap_bytes
-        ):
-            specs.append(BucketSpec(cur_holders, tuple(cur), cur[0].dtype))
-            cur, size = [], 0
-        cur_holders = holders
-        cur.append(piece)
-        size += nbytes
-    if cur:
-        specs.append(BucketSpec(cur_holders, tuple(cur), cur[0].dtype))
-    return specs
+        pieces, size, last = open_.get(key, ([], 0, -1))
+        if pieces and size + nbytes > bucket_cap_bytes:
+            done.append((last, BucketSpec(holders, tuple(pieces), piece.dtype)))
+            pieces, size = [], 0
+        open_[key] = ([*pieces, piece], size + nbytes, i)
+    done += [(last, BucketSpec(h, tuple(ps), dt)) for (h, dt), (ps, _, last) in open_.items()]
+    return [spec for _, spec in sorted(done, key=lambda d: d[0])]
 
 
 @dataclass
