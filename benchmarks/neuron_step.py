@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -88,6 +89,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--name", default="neuron_step", help="output file stem")
     a = ap.parse_args()
+    load_before = os.getloadavg()[0]
     results = launch(_worker, (a.recipe, a.coverage, a.batch, a.seq, a.steps, a.warmup,
                                a.repeats), nproc=a.nproc, run_id="neuron-step")
     per_rank = [results[r] for r in sorted(results)]
@@ -101,13 +103,16 @@ def main() -> None:
     record = {"benchmark": "neuron_step", "recipe": a.recipe, "world": a.nproc,
               "coverage": a.coverage, "batch": a.batch, "seq": a.seq, "steps": a.steps,
               "warmup": a.warmup, "repeats": a.repeats, "rows": rows,
+              # other work on the machine skews synced steps (ranks wait for the slowest)
+              "load_average": [load_before, os.getloadavg()[0]],
               "versions": {"torch": torch.__version__, "python": platform.python_version()}}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{a.name}.json").write_text(json.dumps(record, indent=1))
     lines = [
         f"{a.recipe}, {a.nproc} gloo workers, C = {a.coverage:g} (SDP), batch {a.batch}x{a.seq}, "
         f"{a.repeats} x {a.steps} steps per mode (after {a.warmup} warm-up each), medians over "
-        "all ranks; compute = the same step under no_sync() without clipping",
+        "all ranks; compute = the same step under no_sync() without clipping; load average "
+        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
         "",
         "| strategy | step (s) | compute-only (s) | step / ddp | compute / ddp | "
         "step / compute | collectives / step (rank 0) |",
