@@ -86,8 +86,8 @@ study: $(STAMP)
 
 # The convergence study (docs/results/convergence.md, study/convergence.py): ddp, b-sdp, n-sdp,
 # bb-sdp at C = 0.5 on llama-tiny until DDP's curve flattens, ResNet-18 on all of Fashion-MNIST
-# and on 3,000 of its images (over-fitting), step- and FLOP-matched, downstream evaluation of
-# every LLaMA run; sized for ~2 h on a quiet 2-core machine. Resumable (runs/study-long).
+# and on 2,000 of its images (over-fitting), step- and FLOP-matched, downstream evaluation of
+# every LLaMA run; sized for ~2.5 h on a shared 2-core machine. Resumable (runs/study-long).
 study-long: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m subnetdp.cli compare --suite convergence
 

@@ -48,7 +48,7 @@ def test_suite_cells_are_valid_configs() -> None:
             assert cfg.coverage == (1.0 if cell.method == "ddp" else 0.5)
             assert cfg.ckpt_every == task.steps  # a checkpoint at the end, for the extras
     overfit = next(t for t in select(CONVERGENCE, steps=5).tasks if t.name == "overfit")
-    assert overfit.train_images == 3000 and overfit.steps == 5  # select keeps the subset
+    assert overfit.train_images == 2000 and overfit.steps == 5  # select keeps the subset
 
 
 def test_fmnist_subset(tmp_path: Path) -> None:

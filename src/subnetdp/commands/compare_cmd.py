@@ -8,9 +8,9 @@ stopped), then writes per task ``quality_<task>.md``, ``.json`` and two PNG plot
 ``--quick`` runs a small version (C = 0.5, one seed, 20 steps; under 10 minutes on 2 cores)
 into ``runs/study-quick`` and writes its results there, not to docs/results.
 
-``--suite convergence`` (``make study-long``, ~2 h on 2 cores; study/convergence.py): longer
+``--suite convergence`` (``make study-long``, ~2.5 h on 2 cores; study/convergence.py): longer
 runs of ddp, b-sdp, n-sdp and bb-sdp at C = 0.5 on llama-tiny, ResNet-18 on all of
-Fashion-MNIST and on 3,000 of its images, with the downstream evaluation of every LLaMA run,
+Fashion-MNIST and on 2,000 of its images, with the downstream evaluation of every LLaMA run,
 into ``runs/study-long``; writes ``convergence.md`` (+ JSON, plots). Its ``--quick`` is a smoke
 run of a few steps per cell into ``runs/study-long-quick``.
 """

@@ -9,7 +9,7 @@ FLOP-matched (suite.py), one seed:
   validation (``--eval-every``) the validation loss is used, else the smoothed training loss.
 - ``resnet``: ResNet-18 at width 12 on all 60,000 Fashion-MNIST images for several epochs
   (DDP is expected at >= 90% test accuracy on all 10,000 test images).
-- ``overfit``: the same model on a fixed 3,000-image subset for many epochs, where DDP's
+- ``overfit``: the same model on a fixed 2,000-image subset for many epochs, where DDP's
   training accuracy nears 100% while its test accuracy stalls: the regime where the paper
   claims n-sdp regularises.
 
@@ -68,19 +68,18 @@ def _suite(name: str, llama_steps: int, resnet_steps: int, overfit_steps: int,
         coverages=(0.5,), methods=METHODS, seeds=1, nproc=4)
 
 
-# Sizing, from the first 170 steps of this study's DDP llama cell on a loaded machine (0.75 s
-# per step; ~0.5 s quiet) and the quality study's step-time ratios of the SDP variants to DDP.
-# Each task trains 6 runs: ddp, b-sdp, n-sdp and bb-sdp for S steps, b-sdp and n-sdp for 2S
-# (FLOP-matched), about 6.3 DDP runs of S steps. llama: 800 steps (0.4 epochs of the corpus),
-# ~45 min + 6 downstream evaluations ~10 min; resnet: 1,000 steps (2.1 epochs of 60,000
-# images), ~30 min; overfit: 400 steps (17 epochs of 3,000 images), ~12 min; ~1.7 h in all on a
-# quiet 2-core machine. Validation: 16 LLaMA batches (32 k tokens); all 10,000 test images
-# (313 batches of 32).
+# Sizing, measured in this study's own run on the shared 2-core machine: the DDP llama cell
+# (800 steps at 4 x 128 tokens) took 15 min, b-sdp 10 min. Each task trains 6 runs: ddp, b-sdp,
+# n-sdp and bb-sdp for S steps, b-sdp and n-sdp for 2S (FLOP-matched), about 6.3 DDP runs of S
+# steps. llama: 800 steps (0.4 epochs of the corpus), ~1.7 h with its 6 downstream
+# evaluations; resnet: 600 steps (1.3 epochs of 60,000 images); overfit: 300 steps (19 epochs
+# of 2,000 images); ~2.5 h in all. Validation: 16 LLaMA batches (32 k tokens); all 10,000
+# test images (313 batches of 32).
 CONVERGENCE = _suite(
-    "convergence", llama_steps=800, resnet_steps=1000, overfit_steps=400,
+    "convergence", llama_steps=800, resnet_steps=600, overfit_steps=300,
     llama={"batch_size": 4, "seq_len": 128, "warmup": 40, "eval_batches": 16},
     image={"batch_size": 32, "model_args": {"width": 12}, "eval_batches": 313},
-    overfit_images=3000)
+    overfit_images=2000)
 
 # --quick: the same cells, a few steps each on small models (seconds per cell); the test suite
 # and a check that the whole pipeline runs, not a result.
