@@ -101,7 +101,10 @@ class Composition:
     baseline); False is torch's default, a second gradient copy, only ever as a labelled
     extra baseline; ``output_scaling``: None = the strategy's default; ``fsdp_prefetch``:
     SDP + FSDP2 prefetches the adjacent held block (``runtime.fsdp``, [Note: one global
-    order]); False issues every all-gather when its block runs."""
+    order]); False issues every all-gather when its block runs; ``zero``: ZeRO-1 (1: optimizer
+    state) or ZeRO-2 (2: also the reduced gradients) sharded over each unit's holders
+    (``runtime.zero``; with ``ddp``: torch's ZeroRedundancyOptimizer for 1, the holder reducer
+    at full coverage for 2)."""
 
     fsdp: bool = False
     ac: bool = False
@@ -112,6 +115,7 @@ class Composition:
     refresh_every: int = 1
     ddp_bucket_view: bool = True
     fsdp_prefetch: bool = True
+    zero: int = 0
 
     def check(self, strategy: Strategy) -> None:
         """Refuse combinations that cannot be built, with a message that says what to do."""
@@ -134,6 +138,11 @@ class Composition:
                              f"{self.refresh_every}")
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"--bucket-cap-mb must be > 0, got {self.bucket_cap_mb}")
+        if self.zero not in (0, 1, 2):
+            raise ValueError(f"--zero must be 0, 1 or 2, got {self.zero}")
+        if self.zero and self.fsdp:
+            raise ValueError("--zero does not combine with --fsdp (FSDP already shards "
+                             "parameters, gradients and optimizer state); drop one of them")
         if not self.ddp_bucket_view and (strategy.is_sdp or self.fsdp):
             raise ValueError("ddp_bucket_view=False is torch DDP's default buckets, a ddp "
                              "baseline only")

@@ -1,0 +1,126 @@
+"""ZeRO-1/2 inside holder groups (``runtime.zero``): the same training as without it, the same
+bytes, and per-rank state and gradients of exactly the shard sizes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from subnetdp.models import get_recipe
+from subnetdp.parallelize import parallelize
+from subnetdp.strategy import SDP_NAMES, Composition, get_strategy
+from subnetdp.subnet.planning import plan_for
+from tests.dist.harness import run_workers
+
+pytestmark = pytest.mark.dist
+
+ARGS = {"n_layers": 4, "dim": 24, "n_heads": 2, "n_kv_heads": 2, "vocab_size": 61,
+        "ffn_hidden": 40, "max_seq_len": 16}
+CAP_MB = 0.004  # ~4 KB buckets: several per unit, most not a multiple of their holder count
+
+
+def _rank(world: int, strategy: str, zero: int, coverage: float = 0.75) -> Any:
+    recipe = get_recipe("llama-tiny")
+    with torch.device("meta"):
+        model = recipe.build_model(**ARGS)
+    plan = plan_for(model, recipe.adapter, get_strategy(strategy), world=world,
+                    coverage=coverage)
+    return parallelize(model, adapter=recipe.adapter, strategy=strategy, plan=plan,
+                       comp=Composition(zero=zero, bucket_cap_mb=CAP_MB))
+
+
+def _backward(rank: Any, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, ARGS["vocab_size"], (2, 9), generator=g)
+    logits = rank.model(x[:, :-1])
+    nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+
+
+def _optimizer(rank: Any) -> torch.optim.Optimizer:
+    params = list(rank.parameters())
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return rank.optimizer(torch.optim.AdamW, groups, lr=1e-2, betas=(0.9, 0.95))
+
+
+def _train(r: int, world: int, strategy: str, zero: int, steps: int = 3) -> dict[str, Any]:
+    rank = _rank(world, strategy, zero)
+    opt = _optimizer(rank)
+    norms = []
+    for step in range(steps):
+        if step == 1:  # gradient accumulation: one local backward, then a reduced one
+            with rank.model.no_sync():
+                _backward(rank, 7000 + 100 * step + r)
+        _backward(rank, 100 * step + r)
+        norms.append(float(rank.clip_grad_norm_(0.05)))  # small: clipping is active
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    stats = rank.comm_stats
+    state_elems = sum(v.numel() for st in opt.state.values() for v in st.values()
+                      if torch.is_tensor(v) and v.ndim > 0)
+    reducer = rank.backend.reducer
+    shards = []  # analytic: (c, k, numel) of every bucket this rank holds with others or not
+    for spec in reducer.specs:
+        if r in spec.holders:
+            shards.append((len(spec.holders), spec.holders.index(r), spec.numel))
+    return {
+        "state": rank.full_state_dict(), "norms": norms,
+        "bytes": (stats.last_step_bytes, stats.last_step_ring_bytes, stats.total_bytes,
+                  dict(stats.by_group)),
+        "state_elems": state_elems, "shards": shards,
+        "grad_elems": sum(b.numel() for b in rank.grad_buffers()),
+        "param_grads": sum(p.grad is not None for p in rank.module.parameters()),
+        "trained": rank.params_trained,
+    }
+
+
+def _run(strategy: str, world: int = 4) -> dict[int, list[dict[str, Any]]]:
+    return {z: run_workers(_train, world, strategy, z) for z in (0, 1, 2)}
+
+
+def _real(c: int, k: int, n: int) -> int:
+    size = math.ceil(n / c)
+    return max(0, min(n, (k + 1) * size) - k * size)
+
+
+@pytest.mark.parametrize("strategy", SDP_NAMES)
+def test_zero_trains_exactly_as_without(strategy: str) -> None:
+    """Three AdamW steps (decay and no-decay groups, clipping active, one accumulated step)
+    give the same model with zero 1 and 2 as without; the same bytes per step; and each rank
+    keeps optimizer state for exactly its shards (ZeRO-2: and only shard gradients)."""
+    runs = _run(strategy)
+    plain = runs[0]
+    ref = plain[0]["state"]
+    for zero in (1, 2):
+        got = runs[zero]
+        assert got[0]["state"].keys() == ref.keys()
+        diff = max(float((got[0]["state"][k].float() - v.float()).abs().max())
+                   for k, v in ref.items())
+        assert diff <= 1e-6, (zero, diff)
+        for r, res in enumerate(got):
+            assert res["norms"] == pytest.approx(plain[r]["norms"], rel=1e-5)
+            assert res["bytes"] == plain[r]["bytes"]  # payload, ring, total, by group: exact
+            sizes = [_real(c, k, n) for c, k, n in res["shards"]]
+            assert res["state_elems"] == 2 * sum(sizes)  # exp_avg + exp_avg_sq, shards only
+            assert plain[r]["state_elems"] == 2 * plain[r]["trained"]
+            shard_grads = sum(math.ceil(n / c) for c, _, n in res["shards"])
+            if zero == 2:  # only the shard gradients remain
+                assert res["grad_elems"] == shard_grads
+            else:  # ZeRO-1 keeps the full (padded) buffers as well
+                padded = sum(math.ceil(n / c) * c for c, _, n in res["shards"])
+                assert res["grad_elems"] == padded + shard_grads
+            assert res["param_grads"] == 0
+        # every element's state is on exactly one rank
+        assert sum(res["state_elems"] for res in got) < sum(r["state_elems"] for r in plain)
+
+
+def test_zero_with_fsdp_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match="--zero does not combine with --fsdp") as e:
+        Composition(zero=1, fsdp=True).check(get_strategy("b-sdp"))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="--zero must be 0, 1 or 2"):
+        Composition(zero=3).check(get_strategy("b-sdp"))
