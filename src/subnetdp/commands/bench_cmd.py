@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--coverage", type=float, default=0.5, help="SDP coverage (default 0.5)")
     add_batch_arguments(p, batch_size=1, seq_len=2048, default_note="default %(default)s")
     add_dtype_argument(p)
-    add_composition_arguments(p)
+    add_composition_arguments(p, zero=True)
     p.add_argument("--steps", type=int, default=10, help="step: timed steps after warm-up")
     p.add_argument("--warmup", type=int, default=3,
                    help="step: warm-up steps (>= 3; the last one is the memory step)")
