@@ -127,10 +127,12 @@ class ReducerBackend:
 
     def grad_buffers(self) -> list[torch.Tensor]:
         full = [b.buffer for b in self.reducer.buckets if b.buffer is not None]
-        return full + self._shard_grads()
+        # ZeRO-2's shard gradients are their own tensors (ZeRO-1's are slices of the buffers)
+        return full + (self._shard_grads() if self.zero == 2 else [])
 
     def _shard_grads(self) -> list[torch.Tensor]:
-        return [b.shard.grad for b in self.reducer.buckets if b.shard is not None]
+        return [b.shard.grad for b in self.reducer.buckets
+                if b.shard is not None and b.shard.grad is not None]
 
     def clip_targets(self) -> list[torch.Tensor]:
         if self.zero:

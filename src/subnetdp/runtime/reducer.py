@@ -104,12 +104,17 @@ ZERO2_IN_FLIGHT = 2  # ZeRO-2: launched buckets whose full buffer may still exis
 class ZeroShard:
     """This rank's slice of a bucket under ZeRO: holder ``k`` of ``c`` owns the flat elements
     ``[k * size, (k + 1) * size)`` of the buffer padded to ``c * size``; ``grad`` receives the
-    averaged slice (padding included: it is zero)."""
+    averaged slice (padding included: it is zero). ZeRO-1 keeps the buffer, so ``grad`` is
+    its slice k (an in-place reduce-scatter); ZeRO-2 frees it, ``grad`` is its own tensor."""
 
     c: int
     k: int
     size: int
-    grad: torch.Tensor
+    grad: torch.Tensor | None = None
+
+    def own_grad(self) -> torch.Tensor:
+        assert self.grad is not None
+        return self.grad
 
     @property
     def start(self) -> int:
@@ -143,6 +148,9 @@ class _Bucket:
             n = self.spec.numel if self.shard is None else self.shard.padded
             self.buffer = torch.empty(n, dtype=p0.dtype, device=p0.device)
             self.buffer[self.spec.numel :].zero_()  # ZeRO padding: zero, and counted nowhere
+            if self.shard is not None and self.shard.grad is None:  # ZeRO-1
+                lo = self.shard.start
+                self.shard.grad = self.buffer[lo : lo + self.shard.size]
 
     def slot(self, i: int) -> torch.Tensor:
         """Piece i's region of the flat buffer, shaped like the piece."""
@@ -217,8 +225,10 @@ class HolderReducer:
             bucket = _Bucket(spec, ps, locs, group, offsets)
             if zero:
                 size = math.ceil(spec.numel / c)
-                bucket.shard = ZeroShard(c, spec.holders.index(rank), size, torch.zeros(
-                    size, dtype=ps[0].dtype, device=ps[0].device))
+                bucket.shard = ZeroShard(c, spec.holders.index(rank), size)
+                if zero == 2:
+                    bucket.shard.grad = torch.zeros(size, dtype=ps[0].dtype,
+                                                    device=ps[0].device)
             self.buckets.append(bucket)
         # A narrowed parameter has pieces in several buckets: its hook marks all of them.
         members: dict[int, tuple[nn.Parameter, list[tuple[_Bucket, int]]]] = {}
@@ -335,11 +345,11 @@ class HolderReducer:
     def _launch_shard(self, b: _Bucket) -> None:
         """ZeRO: reduce-scatter the bucket into this rank's shard gradient."""
         assert b.shard is not None and b.buffer is not None
+        grad = b.shard.own_grad()
         if b.shard.c > 1:
-            b.work = dist.reduce_scatter_single(b.shard.grad, b.buffer, group=b.group,
-                                                async_op=True)
-        else:
-            b.shard.grad.copy_(b.buffer)
+            b.work = dist.reduce_scatter_single(grad, b.buffer, group=b.group, async_op=True)
+        elif grad.data_ptr() != b.buffer.data_ptr():  # ZeRO-2 held alone
+            grad.copy_(b.buffer)
         if self.zero != 2:
             return
         for p in b.params:  # the full gradient is in the buffer now: free it once copied
@@ -357,7 +367,7 @@ class HolderReducer:
         if b.work is not None:
             b.work.wait()
             b.work = None
-        b.shard.grad.div_(b.shard.c)
+        b.shard.own_grad().div_(b.shard.c)
         if self.zero == 2:
             b.buffer = None
 

@@ -284,8 +284,8 @@ class SubnetDataParallel(nn.Module):
         nb-sdp the held slice parameters (views whose gradients and optimizer state live
         outside the model)."""
         extra = [nn.ParameterList(self.trainable.external)] if self.trainable.external else []
-        if self._zero_opt is not None:  # the optimizer's shard parameters
-            extra.append(nn.ParameterList(self._zero_opt.segment_params()))
+        if self._zero_opt is not None:  # ZeRO's copies of non-contiguous pieces (n-sdp)
+            extra.append(nn.ParameterList(self._zero_opt.master_params()))
         return [self.module, *extra]
 
     def grad_buffers(self) -> list[torch.Tensor]:

@@ -10,13 +10,16 @@ ring all-gather each send (c - 1)/c of the bucket per rank, together exactly wha
 all-reduce sends, so the optimizer state (ZeRO-1) and the reduced gradient (ZeRO-2) shrink c
 times at the same traffic. Shared parameters are held by everyone: sharded over the world.
 
-The optimizer works on *segments*: leaf parameters that are views of a flat ``master`` copy of
-the rank's slice, one per run of consecutive pieces in one parameter group (so per-group
-hyperparameters such as weight decay apply exactly as without ZeRO); their ``.grad`` are views
-of the reduced shard. Before each step the master is refreshed from the parameters (so a
-checkpoint load, or any write to the parameters, is seen); after it the masters are
-all-gathered into the parameters, bucket by bucket in the reducer's global order (the same
-order on every rank, so groups that share ranks never cross).
+The optimizer works on *segments*, one per piece cut by the rank's slice: leaf parameters
+that are flat views of the piece's own parameter (so ``step()`` updates the slice in place and
+no copy of it exists), or, where the piece is not contiguous (a narrowed layer's neuron group),
+a ``master`` copy refreshed from the parameter before each step (a checkpoint load, or any
+write to the parameters, is seen). Each segment sits in its parameter's group, so per-group
+hyperparameters such as weight decay apply exactly as without ZeRO; its ``.grad`` is a view of
+the reduced shard. After the step each bucket's slices are all-gathered in place into a full
+buffer (ZeRO-1: the gradient buffer, spent by then) and copied into the parameters, bucket by
+bucket in the reducer's global order (the same on every rank, so groups that share ranks never
+cross).
 
 Checkpoints keep the plain per-parameter layout (``plain_state``/``load_plain_state``), so a
 checkpoint moves freely between runs with and without ZeRO.
@@ -38,47 +41,39 @@ from subnetdp.runtime.reducer import ZERO2_IN_FLIGHT, HolderReducer, _Bucket
 
 @dataclass
 class _Segment:
-    param: nn.Parameter  # what the optimizer trains: a view of its bucket's master
-    group: int  # its parameter group
-    start: int  # bucket coordinates (flat, unpadded)
-    stop: int
+    """What the optimizer trains of one piece in this rank's slice: a flat view of the
+    parameter itself when the piece is a whole contiguous tensor (updated in place), else a
+    ``master`` copy of the run (a narrowed layer's piece is not contiguous)."""
 
-
-@dataclass
-class _Run:
+    param: nn.Parameter
     piece: int  # index into the bucket's pieces
-    start: int  # bucket coordinates of the part of the piece in this rank's slice
+    group: int | None  # its parameter group (None: not given to the optimizer)
+    start: int  # bucket coordinates (flat, unpadded) of the run
     stop: int
+    master: bool
 
 
 class _Shard:
-    """One bucket's slice on this rank: master values, segments, and the pieces it cuts."""
+    """One bucket's slice on this rank: its segments, one per piece it cuts."""
 
     def __init__(self, bucket: _Bucket, group_of: Mapping[int, int]) -> None:
         assert bucket.shard is not None
         self.bucket, self.info = bucket, bucket.shard
-        p0 = bucket.params[0]
-        self.master = torch.zeros(self.info.size, dtype=p0.dtype, device=p0.device)
         lo = self.info.start
         hi = min(lo + self.info.size, bucket.spec.numel)
-        self.runs: list[_Run] = []
         self.segments: list[_Segment] = []
         for i, piece in enumerate(bucket.spec.pieces):
             off = bucket.offsets[i]
             a, z = max(off, lo), min(off + piece.numel, hi)
             if a >= z:
                 continue
-            self.runs.append(_Run(i, a, z))
-            g = group_of.get(id(bucket.params[i]))
-            if g is None:
-                continue  # not given to the optimizer: never updated
-            last = self.segments[-1] if self.segments else None
-            if last is not None and last.group == g and last.stop == a:
-                last.stop = z
-            else:
-                self.segments.append(_Segment(nn.Parameter(torch.empty(0)), g, a, z))
-        for s in self.segments:
-            s.param = nn.Parameter(self.master[s.start - lo : s.stop - lo])
+            p = bucket.params[i]
+            flat = bucket.locs[i].is_whole and p.is_contiguous()
+            data = (p.detach().view(-1)[a - off : z - off] if flat
+                    else torch.zeros(z - a, dtype=p.dtype, device=p.device))
+            self.segments.append(_Segment(nn.Parameter(data), i, group_of.get(id(p)), a, z,
+                                          master=not flat))
+        self.load_masters()
 
     def piece_flat(self, i: int) -> torch.Tensor:
         """Piece i of the bucket's parameters, flat (a copy when it is not contiguous)."""
@@ -86,17 +81,31 @@ class _Shard:
         return b.locs[i].view(b.params[i].detach()).reshape(-1)
 
     @torch.no_grad()
-    def load_master(self) -> None:
-        lo = self.info.start
-        for r in self.runs:
-            off = self.bucket.offsets[r.piece]
-            self.master[r.start - lo : r.stop - lo].copy_(
-                self.piece_flat(r.piece)[r.start - off : r.stop - off])
+    def load_masters(self) -> None:
+        for s in self.segments:
+            if s.master:
+                off = self.bucket.offsets[s.piece]
+                s.param.copy_(self.piece_flat(s.piece)[s.start - off : s.stop - off])
 
     def attach_grads(self) -> None:
+        lo, grad = self.info.start, self.info.own_grad()
+        for s in self.segments:
+            s.param.grad = grad[s.start - lo : s.stop - lo]
+
+    @torch.no_grad()
+    def fill(self, part: torch.Tensor, key: str | None = None,
+             state: Mapping[Any, Mapping[str, torch.Tensor]] | None = None) -> None:
+        """Write this rank's slice into ``part`` (flat, padded): the segments' values, or with
+        ``key`` their optimizer state ``state[segment][key]`` (zero where there is none)."""
         lo = self.info.start
         for s in self.segments:
-            s.param.grad = self.info.grad[s.start - lo : s.stop - lo]
+            dst = part[s.start - lo : s.stop - lo]
+            if key is None:
+                dst.copy_(s.param.detach())
+            elif state is not None and (v := state.get(s.param, {}).get(key)) is not None:
+                dst.copy_(v)
+            else:
+                dst.zero_()
 
     @torch.no_grad()
     def scatter_full(self, full: torch.Tensor, into: Mapping[int, torch.Tensor]) -> None:
@@ -124,10 +133,8 @@ class ZeroOptimizer:
                                      "model.parameters() (the wrapper's trainable parameters)")
                 group_of[id(p)] = g
         self.reducer = reducer
-        self.param_groups = [[p for p in group["params"]] for group in groups]
+        self.param_groups = [list(group["params"]) for group in groups]
         self.shards = [_Shard(b, group_of) for b in reducer.buckets]
-        for sh in self.shards:
-            sh.load_master()
         segs = [s for sh in self.shards for s in sh.segments]
         self.optimizer = optimizer_class(
             [{**{k: v for k, v in group.items() if k != "params"},
@@ -138,38 +145,49 @@ class ZeroOptimizer:
         self.optimizer.register_step_pre_hook(lambda *_: self._before_step())
         self.optimizer.register_step_post_hook(lambda *_: self._after_step())
 
-    def segment_params(self) -> list[nn.Parameter]:
-        return [s.param for sh in self.shards for s in sh.segments]
+    def master_params(self) -> list[nn.Parameter]:
+        """Segments with storage of their own (the others are views of the parameters)."""
+        return [s.param for sh in self.shards for s in sh.segments if s.master]
 
     def _before_step(self) -> None:
         if self.reducer.stats.reductions > self._seen:  # fresh shard gradients since the last
             self._seen = self.reducer.stats.reductions
             for sh in self.shards:
                 sh.attach_grads()
-        for sh in self.shards:
-            sh.load_master()
+        for sh in self.shards:  # the parameters may have been written (a checkpoint load)
+            sh.load_masters()
 
     @torch.no_grad()
     def _after_step(self) -> None:
-        """All-gather every bucket's updated slice into the parameters, in global order; at
-        most ``ZERO2_IN_FLIGHT`` gather buffers exist at once unless ZeRO-1 keeps the full
-        gradient buffers anyway (they are free between backwards: the output goes there)."""
+        """All-gather every bucket's updated slice into the parameters, in global order, in
+        place in a full-size buffer: ZeRO-1's gradient buffer (its content is spent), under
+        ZeRO-2 a fresh one, at most ``ZERO2_IN_FLIGHT`` of them at a time."""
         pending: deque[tuple[_Shard, torch.Tensor, Any]] = deque()
         for sh in self.shards:
-            full, work = self._gather(sh, sh.master, reuse=True)
-            pending.append((sh, full, work))
+            pending.append((sh, *self._gather(sh, reuse=True)))
             while len(pending) > ZERO2_IN_FLIGHT:
                 self._write_back(*pending.popleft())
         while pending:
             self._write_back(*pending.popleft())
+        if self.reducer.zero == 1:  # the shard gradients were slices of what now holds values
+            for s in (s for sh in self.shards for s in sh.segments):
+                s.param.grad = None
 
-    def _gather(self, sh: _Shard, part: torch.Tensor, *, reuse: bool) -> tuple[torch.Tensor, Any]:
-        if sh.info.c == 1:
-            return part, None
-        buf = sh.bucket.buffer
-        full = (buf if reuse and buf is not None and buf.numel() == sh.info.padded
-                else part.new_empty(sh.info.padded))
-        work = dist.all_gather_single(full, part, group=sh.bucket.group, async_op=True)
+    def _gather(self, sh: _Shard, *, reuse: bool,
+                key: str | None = None) -> tuple[torch.Tensor, Any]:
+        """The bucket's full (padded) flat values (or optimizer state ``key``, see
+        ``_Shard.fill``) on every holder, and the all-gather's work (None when held alone)."""
+        b, info = sh.bucket, sh.info
+        buf = b.buffer
+        if reuse and buf is not None and buf.numel() == info.padded:
+            full = buf
+        else:
+            full = b.params[0].new_zeros(info.padded)
+        part = full[info.start : info.start + info.size]
+        sh.fill(part, key, self.optimizer.state)
+        if info.c == 1:
+            return full, None
+        work = dist.all_gather_single(full, part, group=b.group, async_op=True)
         return full, work
 
     @staticmethod
@@ -181,7 +199,7 @@ class ZeroOptimizer:
 
     def grads(self) -> list[torch.Tensor]:
         """The reduced shard gradients (padding zero): what clipping scales and counts."""
-        return [sh.info.grad for sh in self.shards]
+        return [sh.info.own_grad() for sh in self.shards]
 
     # -- the plain per-parameter view (checkpoints) ----------------------------------------
     def _state_keys(self) -> tuple[list[str], dict[str, torch.Tensor]]:
@@ -211,14 +229,9 @@ class ZeroOptimizer:
         out: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
         trained = {id(p) for group in self.param_groups for p in group}
         for sh in self.shards:
-            b, lo = sh.bucket, sh.info.start
+            b = sh.bucket
             for k in keys:
-                part = torch.zeros_like(sh.master)
-                for s in sh.segments:
-                    v = self.optimizer.state.get(s.param, {}).get(k)
-                    if v is not None:
-                        part[s.start - lo : s.stop - lo].copy_(v)
-                full, work = self._gather(sh, part, reuse=False)
+                full, work = self._gather(sh, reuse=False, key=k)
                 if work is not None:
                     work.wait()
                 into = {}
@@ -236,24 +249,19 @@ class ZeroOptimizer:
     @torch.no_grad()
     def load_plain_state(self, state: Mapping[nn.Parameter, Mapping[str, torch.Tensor]]) -> None:
         """The inverse of ``plain_state`` (no communication: every holder has it all)."""
-        opt_state = self.optimizer.state
         for sh in self.shards:
             b = sh.bucket
             for s in sh.segments:
+                p, off = b.params[s.piece], b.offsets[s.piece]
                 entries: dict[str, torch.Tensor] = {}
-                for r in sh.runs:
-                    if r.stop <= s.start or r.start >= s.stop:
-                        continue
-                    p, off = b.params[r.piece], b.offsets[r.piece]
-                    for k, v in state.get(p, {}).items():
-                        if not (torch.is_tensor(v) and v.ndim > 0 and v.shape == p.shape):
-                            entries.setdefault(k, v.clone())
-                            continue
-                        dst = entries.setdefault(k, torch.zeros_like(s.param))
-                        flat = b.locs[r.piece].view(v).reshape(-1)
-                        dst[r.start - s.start : r.stop - s.start].copy_(
-                            flat[r.start - off : r.stop - off])
-                opt_state[s.param] = entries
+                for k, v in state.get(p, {}).items():
+                    if torch.is_tensor(v) and v.ndim > 0 and v.shape == p.shape:
+                        flat = b.locs[s.piece].view(v).reshape(-1)
+                        entries[k] = flat[s.start - off : s.stop - off].clone()
+                    else:
+                        entries[k] = torch.as_tensor(v).clone()
+                if entries:
+                    self.optimizer.state[s.param] = entries
 
 
 def zero_of(opt: torch.optim.Optimizer) -> ZeroOptimizer | None:
