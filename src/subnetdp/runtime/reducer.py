@@ -97,6 +97,7 @@ def global_buckets(
     return specs
 
 
+ZERO_COLLECTIVE = "reduce_scatter+all_gather"  # CommStats.collective under ZeRO
 ZERO2_IN_FLIGHT = 2  # ZeRO-2: launched buckets whose full buffer may still exist
 
 
@@ -205,7 +206,7 @@ class HolderReducer:
         wrapper), which then calls ``mark_ready``. ``zero``: 1 or 2 reduce-scatters each
         bucket over its holders (module doc); 0 all-reduces."""
         self.rank, self.zero = rank, zero
-        self.stats = CommStats()
+        self.stats = CommStats(collective=ZERO_COLLECTIVE if zero else "all_reduce")
         self.buckets: list[_Bucket] = []
         where = {lp.piece.name: (key, lp) for key, lps in local.items() for lp in lps}
         self.specs = global_buckets(order, plan, bucket_cap_bytes=bucket_cap_bytes)
@@ -348,7 +349,7 @@ class HolderReducer:
         grad = b.shard.own_grad()
         if b.shard.c > 1:
             b.work = dist.reduce_scatter_single(grad, b.buffer, group=b.group, async_op=True)
-        elif grad.data_ptr() != b.buffer.data_ptr():  # ZeRO-2 held alone
+        elif self.zero == 2:  # held alone (ZeRO-1's shard is then its whole buffer)
             grad.copy_(b.buffer)
         if self.zero != 2:
             return

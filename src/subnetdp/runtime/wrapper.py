@@ -284,9 +284,14 @@ class SubnetDataParallel(nn.Module):
         nb-sdp the held slice parameters (views whose gradients and optimizer state live
         outside the model)."""
         extra = [nn.ParameterList(self.trainable.external)] if self.trainable.external else []
-        if self._zero_opt is not None:  # ZeRO's copies of non-contiguous pieces (n-sdp)
-            extra.append(nn.ParameterList(self._zero_opt.master_params()))
+        if self.zero_copies():
+            extra.append(nn.ParameterList(self.zero_copies()))
         return [self.module, *extra]
+
+    def zero_copies(self) -> list[nn.Parameter]:
+        """Under ``zero``: the optimizer's copies of the slices of non-contiguous pieces
+        (narrowed layers); the other slices it trains are views of the parameters."""
+        return self._zero_opt.master_params() if self._zero_opt is not None else []
 
     def grad_buffers(self) -> list[torch.Tensor]:
         """The reducer's flat gradient buffers (parameters' ``.grad`` are views into them)."""
