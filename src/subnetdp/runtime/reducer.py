@@ -310,14 +310,15 @@ class HolderReducer:
         torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
     def _launch_ready(self) -> int:
-        """Launch, in global order, every bucket whose gradients are all ready; return count."""
-        first = self._next
+        """Launch, in global order, every bucket whose gradients are all ready; return the
+        number of collectives issued."""
+        issued = 0
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
-            self._launch(self.buckets[self._next])
+            issued += self._launch(self.buckets[self._next])
             self._next += 1
-        return self._next - first
+        return issued
 
-    def _launch(self, b: _Bucket) -> None:
+    def _launch(self, b: _Bucket) -> bool:
         b.ensure_buffer()
         for i, p in enumerate(b.params):
             slot = b.slot(i)
@@ -334,7 +335,7 @@ class HolderReducer:
         else:
             self._launch_shard(b)
         if c < 2:  # ZeRO's buckets held alone: nothing moves
-            return
+            return False
         # ZeRO's reduce-scatter and all-gather send what the all-reduce sends (counted here)
         st = self.stats
         st.last_step_bytes += b.nbytes
@@ -342,6 +343,7 @@ class HolderReducer:
         st.last_step_collectives += 1
         st.total_bytes += b.nbytes
         st.by_group[b.spec.holders] = st.by_group.get(b.spec.holders, 0) + b.nbytes
+        return True
 
     def _launch_shard(self, b: _Bucket) -> None:
         """ZeRO: reduce-scatter the bucket into this rank's shard gradient."""
