@@ -160,12 +160,13 @@ class ZeroOptimizer:
     @torch.no_grad()
     def _after_step(self) -> None:
         """All-gather every bucket's updated slice into the parameters, in global order, in
-        place in a full-size buffer: ZeRO-1's gradient buffer (its content is spent), under
-        ZeRO-2 a fresh one, at most ``ZERO2_IN_FLIGHT`` of them at a time."""
+        place in a full-size buffer: ZeRO-1's gradient buffer (its content is spent; all
+        launched at once), under ZeRO-2 a fresh one, at most ``ZERO2_IN_FLIGHT`` at a time."""
         pending: deque[tuple[_Shard, torch.Tensor, Any]] = deque()
+        window = ZERO2_IN_FLIGHT if self.reducer.zero == 2 else len(self.shards)
         for sh in self.shards:
             pending.append((sh, *self._gather(sh, reuse=True)))
-            while len(pending) > ZERO2_IN_FLIGHT:
+            while len(pending) > window:
                 self._write_back(*pending.popleft())
         while pending:
             self._write_back(*pending.popleft())
