@@ -163,6 +163,20 @@ def test_zero_with_fsdp_is_refused_in_one_line() -> None:
         Composition(zero=3).check(get_strategy("b-sdp"))
 
 
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--strategy", "b-sdp", "--zero", "2", "--fsdp"], "--zero does not combine with --fsdp"),
+    (["--strategy", "ddp", "--zero", "1", "--ckpt-every", "2"],
+     "checkpoints of ddp --zero 1"),
+])
+def test_cli_refuses_in_one_line(extra: list[str], says: str, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["train", "--recipe", "llama-tiny", *extra, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
 # -- checkpoints through the CLI ---------------------------------------------------------------
 ZWORLD = 3
 ZTINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
@@ -182,11 +196,12 @@ def _final(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy", ["b-sdp", "nb-sdp"])
+@pytest.mark.parametrize("strategy", ["b-sdp", "nb-sdp", "ddp"])
 def test_zero_checkpoints_resume_exactly_and_load_without_zero(
     strategy: str, tmp_path: Path
 ) -> None:
-    """A --zero 2 run resumed from its middle checkpoint continues bit-for-bit; the same
+    """A --zero 2 run (ddp: the holder reducer at full coverage) resumed from its middle
+    checkpoint continues bit-for-bit; the same
     checkpoint (optimizer state saved per parameter, plain) continues under --zero 0 with the
     same values up to rounding, and the zero-free run written from scratch agrees too."""
     zero, plain = tmp_path / "zero", tmp_path / "plain"
