@@ -101,6 +101,27 @@ ZERO_COLLECTIVE = "reduce_scatter+all_gather"  # CommStats.collective under ZeRO
 ZERO2_IN_FLIGHT = 2  # ZeRO-2: launched buckets whose full buffer may still exist
 
 
+class BufferPool:
+    """ZeRO-2's short-lived full-bucket buffers, recycled: at most ``ZERO2_IN_FLIGHT + 1``
+    exist at once (launched buckets awaiting their collective and the one being filled), each
+    as large as the largest bucket, so a step allocates nothing new (on CPU, fresh pages every
+    step cost time) and the memory they take stays bounded."""
+
+    def __init__(self, numel: int) -> None:
+        self.numel = numel
+        self._free: list[torch.Tensor] = []
+
+    def take(self, numel: int, like: torch.Tensor) -> torch.Tensor:
+        """A tensor of ``numel`` elements of ``like``'s dtype and device; contents stale."""
+        for i, t in enumerate(self._free):
+            if t.dtype == like.dtype and t.device == like.device and t.numel() >= numel:
+                return self._free.pop(i)[:numel]
+        return torch.empty(max(numel, self.numel), dtype=like.dtype, device=like.device)[:numel]
+
+    def give(self, t: torch.Tensor) -> None:
+        self._free.append(t if t._base is None else t._base)
+
+
 @dataclass
 class ZeroShard:
     """This rank's slice of a bucket under ZeRO: holder ``k`` of ``c`` owns the flat elements
@@ -143,11 +164,12 @@ class _Bucket:
     def nbytes(self) -> int:
         return self.spec.numel * self.spec.dtype.itemsize
 
-    def ensure_buffer(self) -> None:
+    def ensure_buffer(self, pool: BufferPool | None = None) -> None:
         if self.buffer is None:  # allocated on first use; every slice is written before use
             p0 = self.params[0]
             n = self.spec.numel if self.shard is None else self.shard.padded
-            self.buffer = torch.empty(n, dtype=p0.dtype, device=p0.device)
+            self.buffer = (pool.take(n, p0) if pool is not None  # ZeRO-2: recycled
+                           else torch.empty(n, dtype=p0.dtype, device=p0.device))
             self.buffer[self.spec.numel :].zero_()  # ZeRO padding: zero, and counted nowhere
             if self.shard is not None and self.shard.grad is None:  # ZeRO-1
                 lo = self.shard.start
@@ -249,6 +271,8 @@ class HolderReducer:
         # launched buckets whose reduce-scatter may still be running
         self._copies_left: dict[int, int] = {}
         self._in_flight: deque[_Bucket] = deque()
+        self.pool = (BufferPool(max(b.shard.padded for b in self.buckets if b.shard))
+                     if zero == 2 and self.buckets else None)
 
     # -- before forward -------------------------------------------------------------------
     def attach_grad_views(self) -> None:
@@ -319,7 +343,7 @@ class HolderReducer:
         return issued
 
     def _launch(self, b: _Bucket) -> bool:
-        b.ensure_buffer()
+        b.ensure_buffer(self.pool)
         for i, p in enumerate(b.params):
             slot = b.slot(i)
             g = p.grad
@@ -371,7 +395,8 @@ class HolderReducer:
             b.work.wait()
             b.work = None
         b.shard.own_grad().div_(b.shard.c)
-        if self.zero == 2:
+        if self.pool is not None and b.buffer is not None:  # ZeRO-2
+            self.pool.give(b.buffer)
             b.buffer = None
 
     def _finish(self) -> None:

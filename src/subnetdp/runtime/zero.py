@@ -179,9 +179,11 @@ class ZeroOptimizer:
         """The bucket's full (padded) flat values (or optimizer state ``key``, see
         ``_Shard.fill``) on every holder, and the all-gather's work (None when held alone)."""
         b, info = sh.bucket, sh.info
-        buf = b.buffer
+        buf, pool = b.buffer, self.reducer.pool
         if reuse and buf is not None and buf.numel() == info.padded:
             full = buf
+        elif reuse and pool is not None:  # ZeRO-2; stale padding is never copied out
+            full = pool.take(info.padded, b.params[0])
         else:
             full = b.params[0].new_zeros(info.padded)
         part = full[info.start : info.start + info.size]
@@ -191,12 +193,13 @@ class ZeroOptimizer:
         work = dist.all_gather_single(full, part, group=b.group, async_op=True)
         return full, work
 
-    @staticmethod
-    def _write_back(sh: _Shard, full: torch.Tensor, work: Any) -> None:
+    def _write_back(self, sh: _Shard, full: torch.Tensor, work: Any) -> None:
         if work is not None:
             work.wait()
         b = sh.bucket
         sh.scatter_full(full, {i: p.data for i, p in enumerate(b.params)})
+        if self.reducer.pool is not None and full is not b.buffer:
+            self.reducer.pool.give(full)
 
     def grads(self) -> list[torch.Tensor]:
         """The reduced shard gradients (padding zero): what clipping scales and counts."""
