@@ -104,8 +104,10 @@ ZERO2_IN_FLIGHT = 2  # ZeRO-2: launched buckets whose full buffer may still exis
 class BufferPool:
     """ZeRO-2's short-lived full-bucket buffers, recycled: at most ``ZERO2_IN_FLIGHT + 1``
     exist at once (launched buckets awaiting their collective and the one being filled), each
-    as large as the largest bucket, so a step allocates nothing new (on CPU, fresh pages every
-    step cost time) and the memory they take stays bounded."""
+    of ``numel`` elements (the largest bucket within the bucket cap), so a step allocates
+    nothing new (on CPU, fresh pages every step cost time) and they take a bounded few caps.
+    A bucket above the cap (one large parameter, e.g. an embedding) gets a buffer of its own,
+    freed after use: pooling it would keep several of that size alive."""
 
     def __init__(self, numel: int) -> None:
         self.numel = numel
@@ -113,13 +115,17 @@ class BufferPool:
 
     def take(self, numel: int, like: torch.Tensor) -> torch.Tensor:
         """A tensor of ``numel`` elements of ``like``'s dtype and device; contents stale."""
+        if numel > self.numel:
+            return torch.empty(numel, dtype=like.dtype, device=like.device)
         for i, t in enumerate(self._free):
-            if t.dtype == like.dtype and t.device == like.device and t.numel() >= numel:
+            if t.dtype == like.dtype and t.device == like.device:
                 return self._free.pop(i)[:numel]
-        return torch.empty(max(numel, self.numel), dtype=like.dtype, device=like.device)[:numel]
+        return torch.empty(self.numel, dtype=like.dtype, device=like.device)[:numel]
 
     def give(self, t: torch.Tensor) -> None:
-        self._free.append(t if t._base is None else t._base)
+        base = t if t._base is None else t._base
+        if base.numel() == self.numel:
+            self._free.append(base)
 
 
 @dataclass
@@ -271,8 +277,9 @@ class HolderReducer:
         # launched buckets whose reduce-scatter may still be running
         self._copies_left: dict[int, int] = {}
         self._in_flight: deque[_Bucket] = deque()
-        self.pool = (BufferPool(max(b.shard.padded for b in self.buckets if b.shard))
-                     if zero == 2 and self.buckets else None)
+        capped = [b.shard.padded for b in self.buckets
+                  if b.shard is not None and b.nbytes <= bucket_cap_bytes]
+        self.pool = BufferPool(max(capped, default=0)) if zero == 2 else None
 
     # -- before forward -------------------------------------------------------------------
     def attach_grad_views(self) -> None:
