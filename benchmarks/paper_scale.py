@@ -41,7 +41,7 @@ from subnetdp.bench.estimate import GiB, ddp_default_bucket_bytes, estimate_memo
 from subnetdp.bench.report import memory_table, plot_rows, step_table
 from subnetdp.bench.step import run_step_bench
 from subnetdp.bench.strategies import BenchSpec
-from subnetdp.strategy import BASELINES, SDP_NAMES
+from subnetdp.strategy import BASELINES, SDP_NAMES, ZERO_BASELINES
 
 RESULTS = Path(__file__).parent / "results"
 COVERAGES = (0.5, 0.69)
@@ -55,7 +55,14 @@ WHY = ("Micro-batch and sequence: the llama recipes' training defaults (batch_si
        "2048); the paper does not state its micro-batch. ddp = torch DDP with "
        "gradient_as_bucket_view=True (one gradient copy, like subnetdp's reducer); 'ddp (default "
        "buckets)' adds torch's default second gradient copy (in 'other', not a column here). "
-       "Comm: ring = 2(c-1)/c x payload per all-reduce group; FSDP: all-gather + reduce-scatter.")
+       "Comm: ring = 2(c-1)/c x payload per all-reduce group; FSDP: all-gather + reduce-scatter. "
+       "+zero1/+zero2: ZeRO inside holder groups (runtime/zero.py: optimizer state, and for "
+       "zero2 the reduced gradients, sharded over each unit's holders; reduce-scatter + "
+       "all-gather, the all-reduce's ring bytes). ddp+zero1 = torch DDP + "
+       "ZeroRedundancyOptimizer (its comm adds the parameters' broadcast; its memory is "
+       "estimated as the holder reducer at full coverage with zero=1: the same full gradients "
+       "and sharded state); ddp+zero2 = the holder reducer at full coverage with zero=2 (torch "
+       "DDP cannot shard gradients; one gradient copy, as the fair DDP).")
 
 
 def paper_specs(model: str, world: int, batch: int, seq: int) -> list[BenchSpec]:
@@ -63,7 +70,17 @@ def paper_specs(model: str, world: int, batch: int, seq: int) -> list[BenchSpec]
     specs = [base.replace(strategy=s) for s in BASELINES]
     for s in SDP_NAMES:
         specs += [base.replace(strategy=s, coverage=c) for c in COVERAGES]
-    return specs
+    return specs + zero_specs(model, world, batch, seq)
+
+
+def zero_specs(model: str, world: int, batch: int, seq: int) -> list[BenchSpec]:
+    """ZeRO rows (runtime.zero): ddp+zero1 (torch DDP + ZeroRedundancyOptimizer; estimated as
+    the holder reducer at full coverage with zero=1, the same state, see ``parallelize``),
+    ddp+zero2 (the holder reducer at full coverage, zero=2), b-sdp+zero1/2 at each coverage."""
+    base = BenchSpec(recipe=model, strategy="ddp", world=world, batch=batch, seq=seq)
+    specs = [base.replace(strategy=s) for s in ZERO_BASELINES]
+    return specs + [base.replace(strategy="b-sdp", coverage=c, zero=z)
+                    for c in COVERAGES for z in (1, 2)]
 
 
 def _estimate_row(spec: BenchSpec) -> dict[str, Any]:
@@ -90,9 +107,10 @@ def _default_buckets_row(ddp_row: dict[str, Any], spec: BenchSpec) -> dict[str, 
             "peak_bytes": ddp_row["peak_bytes"] + extra, "breakdown": breakdown}
 
 
-def estimate_table(models: list[str], world: int, batch: int, seq: int,
-                   jobs: int) -> list[dict[str, Any]]:
-    specs = [s for m in models for s in paper_specs(m, world, batch, seq)]
+def estimate_table(models: list[str], world: int, batch: int, seq: int, jobs: int,
+                   only_zero: bool = False) -> list[dict[str, Any]]:
+    make = zero_specs if only_zero else paper_specs
+    specs = [s for m in models for s in make(m, world, batch, seq)]
     with mp.get_context("fork").Pool(jobs, maxtasksperchild=1) as pool:
         rows = pool.map(_estimate_row, specs, chunksize=1)
     out: list[dict[str, Any]] = []
@@ -266,7 +284,29 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         if r is not None:
             lines.append(f"- {model} {label}: peak / ddp = {r:.3f} (paper: <= {goal:.2f}) "
                          f"{'MET' if r <= goal else 'NOT MET'}")
+    r = ratio("llama-1b", "b-sdp+zero2 (C=0.69)")
+    zero = next((x for x in rows if x["model"] == "llama-1b"
+                 and x["label"] == "b-sdp+zero2 (C=0.69)"), None)
+    plain = next((x for x in rows if x["model"] == "llama-1b"
+                  and x["label"] == "b-sdp (C=0.69)"), None)
+    if r is not None and zero is not None and plain is not None:
+        comm = (zero["comm"]["comm/ring_bytes_per_step"]
+                / plain["comm"]["comm/ring_bytes_per_step"])
+        lines.append(f"- llama-1b b-sdp+zero2 (C=0.69): peak / ddp = {r:.3f} (target <= 0.45), "
+                     f"ring bytes / b-sdp's = {comm:.3f} (target <= 1.0) "
+                     f"{'MET' if r <= 0.45 and comm <= 1.0 else 'NOT MET'}")
     return lines
+
+
+def merge_rows(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``old`` with ``new`` rows in place of those of the same model and label, the others
+    appended after their model's last row (``--only zero``)."""
+    key = {(r["model"], r["label"]): r for r in new}
+    out = [key.pop((r["model"], r["label"]), r) for r in old]
+    for r in key.values():
+        last = max((i for i, x in enumerate(out) if x["model"] == r["model"]), default=len(out))
+        out.insert(last + 1, r)
+    return out
 
 
 def main() -> None:
@@ -282,9 +322,11 @@ def main() -> None:
     ap.add_argument("--step-seq", type=int, default=128)
     ap.add_argument("--step-steps", type=int, default=6)
     ap.add_argument("--skip-step", action="store_true", help="estimates only")
-    ap.add_argument("--only", choices=["composition", "paper"],
+    ap.add_argument("--only", choices=["composition", "paper", "zero"],
                     help="composition: only the composition table (composition.{md,json}); "
-                         "paper: everything but it")
+                         "paper: everything but it; zero: only the ZeRO rows of --models, "
+                         "merged into paper_scale.{md,json} (the other rows and the measured "
+                         "run are kept)")
     ap.add_argument("--composition-model", default="llama-1b")
     ap.add_argument("--composition-batches", default="1,6",
                     help="micro-batches of the composition table (bf16-mixed rows: the largest)")
@@ -294,6 +336,8 @@ def main() -> None:
     args.composition_batches = [int(b) for b in args.composition_batches.split(",")]
     RESULTS.mkdir(parents=True, exist_ok=True)
     composition_md: list[str] = []
+    if args.only == "zero":
+        return write_zero_rows(args)
     if args.only != "paper":
         t0 = time.perf_counter()
         crows, reused = composition_table_rows(args.composition_model, args.world,
@@ -310,11 +354,30 @@ def main() -> None:
     step = None if args.skip_step else measured_run(
         args.step_recipe, args.step_world, args.step_batch, args.step_seq, args.step_steps,
         args.jobs)
-    linked = bool(composition_md) or (RESULTS / "composition.md").exists()
+    write_paper(args, rows, step, bool(composition_md), time.perf_counter() - t0)
+
+
+def write_zero_rows(args: Any) -> None:
+    """``--only zero``: estimate the ZeRO rows and merge them into paper_scale.{md,json}."""
+    t0 = time.perf_counter()
+    new = estimate_table(args.models.split(","), args.world, args.batch, args.seq, args.jobs,
+                         only_zero=True)
+    old = json.loads((RESULTS / "paper_scale.json").read_text())
+    if (old["world"], old["batch"], old["seq"]) != (args.world, args.batch, args.seq):
+        raise SystemExit("--only zero: paper_scale.json was written for another --world/"
+                         "--batch/--seq; regenerate it whole")
+    rows = merge_rows(old["rows"], new)
+    write_paper(args, rows, old.get("step"), False, old["wall_s"],
+                zero_wall=time.perf_counter() - t0)
+
+
+def write_paper(args: Any, rows: list[dict[str, Any]], step: dict[str, Any] | None,
+                composed: bool, wall_s: float, zero_wall: float | None = None) -> None:
+    linked = composed or (RESULTS / "composition.md").exists()
     record = {"benchmark": "paper_scale", "world": args.world, "batch": args.batch,
               "seq": args.seq, "dtype": "fp32", "optimizer": "AdamW (2 states)",
-              "rows": rows, "targets": targets(rows), "step": step,
-              "wall_s": time.perf_counter() - t0,
+              "rows": rows, "targets": targets(rows), "step": step, "wall_s": wall_s,
+              **({"zero_rows_wall_s": zero_wall} if zero_wall is not None else {}),
               "versions": {"torch": torch.__version__, "python": platform.python_version()},
               **({"composition": "composition.json"} if linked else {})}
     (RESULTS / "paper_scale.json").write_text(json.dumps(record, indent=1, default=str))

@@ -82,7 +82,9 @@ def parallelize(
     comp.check(strat)
     dev = torch.device(device)
     model.to(storage_dtype(comp))  # 1. precision of storage
-    if fake and not strat.is_sdp and not comp.fsdp:
+    if not strat.is_sdp and not comp.fsdp and (fake or comp.zero == 2):
+        # ddp+zero2 is the holder reducer at full coverage with zero=2 (one gradient copy,
+        # the shards over the world): DDP's own reducer cannot shard gradients
         units, shared = describe_units(model, adapter)
         plan = make_plan(world=dist.get_world_size(), units=units, coverage=1.0,
                          shared_size=shared)
@@ -102,6 +104,7 @@ def parallelize(
         _autocast_forward(full, dtype)
     return TorchDDPRank(full, strategy=strat, device=dev, bucket_cap_mb=comp.bucket_cap_mb,
                         bucket_view=comp.ddp_bucket_view,
+                        zero_optimizer=comp.zero == 1,
                         find_unused_parameters=find_unused_parameters)
 
 
@@ -117,7 +120,7 @@ def _sdp(
         bucket_cap_mb=comp.bucket_cap_mb, output_scaling=comp.output_scaling,
         refresh_every=comp.refresh_every, fsdp=comp.fsdp, activation_checkpointing=comp.ac,
         param_dtype=compute_dtype(comp), reduce_dtype=reduce_dtype(comp) if comp.fsdp else None,
-        fsdp_prefetch=comp.fsdp_prefetch,
+        fsdp_prefetch=comp.fsdp_prefetch, zero=comp.zero,
     )
 
 

@@ -101,7 +101,10 @@ class Composition:
     baseline); False is torch's default, a second gradient copy, only ever as a labelled
     extra baseline; ``output_scaling``: None = the strategy's default; ``fsdp_prefetch``:
     SDP + FSDP2 prefetches the adjacent held block (``runtime.fsdp``, [Note: one global
-    order]); False issues every all-gather when its block runs."""
+    order]); False issues every all-gather when its block runs; ``zero``: ZeRO-1 (1: optimizer
+    state) or ZeRO-2 (2: also the reduced gradients) sharded over each unit's holders
+    (``runtime.zero``; with ``ddp``: torch's ZeroRedundancyOptimizer for 1, the holder reducer
+    at full coverage for 2)."""
 
     fsdp: bool = False
     ac: bool = False
@@ -112,6 +115,7 @@ class Composition:
     refresh_every: int = 1
     ddp_bucket_view: bool = True
     fsdp_prefetch: bool = True
+    zero: int = 0
 
     def check(self, strategy: Strategy) -> None:
         """Refuse combinations that cannot be built, with a message that says what to do."""
@@ -134,6 +138,11 @@ class Composition:
                              f"{self.refresh_every}")
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"--bucket-cap-mb must be > 0, got {self.bucket_cap_mb}")
+        if self.zero not in (0, 1, 2):
+            raise ValueError(f"--zero must be 0, 1 or 2, got {self.zero}")
+        if self.zero and self.fsdp:
+            raise ValueError("--zero does not combine with --fsdp (FSDP already shards "
+                             "parameters, gradients and optimizer state); drop one of them")
         if not self.ddp_bucket_view and (strategy.is_sdp or self.fsdp):
             raise ValueError("ddp_bucket_view=False is torch DDP's default buckets, a ddp "
                              "baseline only")
@@ -147,28 +156,34 @@ def label(strategy: Strategy, comp: Composition, coverage: float | None = None) 
     ``ddp (default buckets)``, ``b-sdp+fsdp+ac (C=0.5)``."""
     if not strategy.is_sdp:
         base = "fsdp" if comp.fsdp else "ddp"
-        name = base + ("+ac" if comp.ac else "")
+        name = base + ("+ac" if comp.ac else "") + (f"+zero{comp.zero}" if comp.zero else "")
         return name if comp.ddp_bucket_view else f"{name} (default buckets)"
     name = strategy.name + ("+fsdp" if comp.fsdp else "") + ("+ac" if comp.ac else "")
+    name += f"+zero{comp.zero}" if comp.zero else ""
     name = name if coverage is None else f"{name} (C={coverage:g})"
     return name if comp.fsdp_prefetch or not comp.fsdp else f"{name} (no prefetch)"
 
 
 BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")
+# ZeRO baselines: DDP with torch's ZeroRedundancyOptimizer (zero1); the holder reducer at full
+# coverage with sharded gradients and state (zero2: torch DDP cannot shard gradients)
+ZERO_BASELINES = ("ddp+zero1", "ddp+zero2")
 
 
 def parse_label(text: str) -> tuple[Strategy, Composition]:
     """The inverse of ``label`` for names without coverage: ``fsdp+ac`` is ddp with FSDP and
     activation checkpointing, ``b-sdp+fsdp`` is b-sdp composed with FSDP."""
     head, *mods = text.split("+")
-    unknown = [m for m in mods if m not in ("fsdp", "ac")]
-    if unknown or len(set(mods)) != len(mods):
+    unknown = [m for m in mods if m not in ("fsdp", "ac", "zero1", "zero2")]
+    zeros = [int(m[4:]) for m in mods if m.startswith("zero")]
+    if unknown or len(set(mods)) != len(mods) or len(zeros) > 1:
         raise ValueError(f"unknown strategy {text!r}; choose one of "
-                         f"{', '.join((*BASELINES, *SDP_NAMES))}, optionally with +fsdp/+ac")
+                         f"{', '.join((*BASELINES, *SDP_NAMES))}, optionally with "
+                         "+fsdp/+ac/+zero1/+zero2")
     fsdp = head == "fsdp" or "fsdp" in mods
     strategy = get_strategy("ddp" if head == "fsdp" else head)
     if not strategy.is_sdp and head == "ddp" and "fsdp" in mods:
         raise ValueError(f"{text!r}: the FSDP baseline is spelled 'fsdp' (or 'fsdp+ac')")
-    comp = Composition(fsdp=fsdp, ac="ac" in mods)
+    comp = Composition(fsdp=fsdp, ac="ac" in mods, zero=zeros[0] if zeros else 0)
     comp.check(strategy)
     return strategy, comp

@@ -39,7 +39,8 @@ GLOO_RS_CLONE = pytest.mark.xfail(reason="gloo's reduce-scatter clones its input
 COMPOSED_BASE = BASE.replace(strategy="b-sdp", world=4, coverage=0.5)
 COMPOSED = [COMPOSED_BASE.replace(ac=True), COMPOSED_BASE.replace(fsdp=True, ac=True),
             COMPOSED_BASE.replace(strategy="n-sdp", fsdp=True, ac=True),
-            COMPOSED_BASE.replace(strategy="fsdp+ac", coverage=1.0)]
+            COMPOSED_BASE.replace(strategy="fsdp+ac", coverage=1.0),
+            COMPOSED_BASE.replace(zero=2)]  # ZeRO-2 inside holder groups (runtime.zero)
 MIXED = [COMPOSED_BASE.replace(strategy="ddp", coverage=1.0, dtype="bf16-mixed"),
          COMPOSED_BASE.replace(ac=True, dtype="bf16-mixed"),
          COMPOSED_BASE.replace(fsdp=True, ac=True, dtype="bf16-mixed")]

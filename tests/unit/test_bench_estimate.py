@@ -20,6 +20,7 @@ from subnetdp.bench.strategies import (
 from subnetdp.cli import main
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.plan import worker_bytes
+from subnetdp.strategy import ZERO_BASELINES
 
 # two blocks keep each fake-mode step to a few hundred ops (the suite must stay quick)
 TINY = {"recipe": "llama-tiny", "world": 4, "batch": 2, "seq": 32,
@@ -33,13 +34,19 @@ COMPOSED = [{"strategy": "b-sdp", "fsdp": True}, {"strategy": "bb-sdp", "fsdp": 
             {"strategy": "nb-sdp", "fsdp": True},
             {"strategy": "b-sdp", "ac": True}, {"strategy": "b-sdp", "dtype": "bf16-mixed"},
             {"strategy": "ddp", "dtype": "bf16-mixed"},
-            {"strategy": "fsdp+ac", "dtype": "bf16-mixed"}]
+            {"strategy": "fsdp+ac", "dtype": "bf16-mixed"},
+            # ZeRO inside holder groups (runtime.zero), and its baselines
+            {"strategy": "b-sdp", "zero": 2}, {"strategy": "b-sdp", "zero": 1},
+            {"strategy": "n-sdp", "zero": 2}, {"strategy": "bb-sdp", "zero": 2},
+            {"strategy": "nb-sdp", "zero": 1}, {"strategy": "ddp+zero1"},
+            {"strategy": "ddp+zero2"}]
 
 
 @pytest.mark.parametrize("opts", [{"strategy": s} for s in all_strategies()] + COMPOSED,
                          ids=lambda o: "-".join(str(v) for v in o.values()))
 def test_state_bytes_equal_the_analytic_formula(opts: dict) -> None:
-    spec = BenchSpec(coverage=0.5 if opts["strategy"] not in BASELINES else 1.0,
+    baseline = opts["strategy"] in (*BASELINES, *ZERO_BASELINES)
+    spec = BenchSpec(coverage=1.0 if baseline else 0.5,
                      **TINY, **opts)
     rank = heaviest_rank(spec)
     est = estimate_memory(spec, ranks=[rank])

@@ -3,6 +3,9 @@
 - SDP and DDP: one all-reduce of each held parameter's gradient over its holders (DDP: the
   world); nothing for a unit held alone. Payload is the gradient bytes; ring traffic per rank is
   2·(c−1)/c × payload (``plan.worker_bytes`` gives the totals; here they are split by group).
+  With ZeRO (``zero``, ddp+zero1/2) the all-reduce becomes a reduce-scatter of the gradient and
+  an all-gather of the updated parameters over the same group: the same payload, each sending
+  (c−1)/c of it, together the same 2·(c−1)/c.
 - FSDP2 (ZeRO-3): per step, every block's parameters are all-gathered twice (forward, and again
   in backward since blocks reshard after forward) and the root's once (FSDP2 keeps the root
   unsharded between forward and backward); every gradient is reduce-scattered once. Payload is
@@ -39,13 +42,17 @@ def analytic_comm(spec: BenchSpec) -> list[dict[str, Any]]:
     recipe, meta = meta_model(spec, check_seq=False)  # gradient traffic: any sequence
     if spec.uses_fsdp and not spec.is_sdp:  # the FSDP baselines
         return [_fsdp_rank(spec, meta, recipe) for _ in range(spec.world)]
+    if not spec.is_sdp and spec.composition().zero == 1:
+        return [_zero_redundancy_rank(spec, meta) for _ in range(spec.world)]
     plan = make_bench_plan(spec, meta, recipe)
     if spec.fsdp:
         return [_sdp_fsdp_rank(spec, plan, meta, recipe, r) for r in range(spec.world)]
-    return [_allreduce_rank(plan, r, spec.reduce_bytes) for r in range(spec.world)]
+    collective = "reduce_scatter+all_gather" if spec.composition().zero else "all_reduce"
+    return [_allreduce_rank(plan, r, spec.reduce_bytes, collective) for r in range(spec.world)]
 
 
-def _allreduce_rank(plan: Plan, rank: int, width: int) -> dict[str, Any]:
+def _allreduce_rank(plan: Plan, rank: int, width: int,
+                    collective: str = "all_reduce") -> dict[str, Any]:
     groups: dict[tuple[int, ...], int] = {}
     if plan.world > 1:
         groups[tuple(range(plan.world))] = plan.shared_size * width
@@ -53,7 +60,26 @@ def _allreduce_rank(plan: Plan, rank: int, width: int) -> dict[str, Any]:
         holders = tuple(plan.holders(u))
         if len(holders) >= 2:
             groups[holders] = groups.get(holders, 0) + plan.units[u].size * width
-    return allreduce_record({k: float(v) for k, v in groups.items()})
+    return allreduce_record({k: float(v) for k, v in groups.items()}, collective=collective)
+
+
+def _zero_redundancy_rank(spec: BenchSpec, meta: Any) -> dict[str, Any]:
+    """ddp+zero1 (torch DDP + ZeroRedundancyOptimizer): DDP's all-reduce of every gradient,
+    then every parameter broadcast from the rank that updated it ((w−1)/w of it per rank in a
+    ring)."""
+    w = spec.world
+    if w < 2:
+        return allreduce_record({})
+    everyone = tuple(range(w))
+    payload = float(sum(p.numel() for p in meta.parameters()) * spec.param_bytes)
+    rec = allreduce_record({everyone: payload})
+    sent = (w - 1) / w * payload
+    group = rec["by_group"][group_key(everyone)]
+    group.update(payload=2 * payload, ring=group["ring"] + sent)
+    rec["by_collective"]["broadcast"] = {"payload": payload, "ring": sent}
+    rec["comm/bytes_per_step"] += payload
+    rec["comm/ring_bytes_per_step"] += sent
+    return rec
 
 
 def _padded_numel(shape: tuple[int, ...], world: int) -> int:

@@ -46,10 +46,10 @@ from subnetdp.bench.strategies import (
 from subnetdp.metrics.memory import CATEGORIES
 from subnetdp.parallelize import storage_dtype
 from subnetdp.plan import Plan, worker_bytes
-from subnetdp.strategy import Strategy
+from subnetdp.strategy import Strategy, get_strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.match import match_plan
-from subnetdp.subnet.pieces import full_pieces
+from subnetdp.subnet.pieces import Piece, full_pieces
 from subnetdp.subnet.units import unit_modules
 
 GiB = float(1 << 30)
@@ -142,8 +142,11 @@ def _row_signatures(spec: BenchSpec, plan: Plan) -> list[tuple[Any, ...]]:
     if spec.fsdp:
         layout = FsdpLayout(spec, plan)
         return [layout.signature(r) for r in range(plan.world)]
-    return [tuple(sorted(plan.units[u].size for u in plan.held_units(r)))
-            for r in range(plan.world)]
+    sizes = [tuple(sorted(plan.units[u].size for u in plan.held_units(r)))
+             for r in range(plan.world)]
+    if spec.composition().zero:  # the shards depend on the rank's place in each group
+        return [(s, tuple(zero_state(spec, r, plan).values())) for r, s in enumerate(sizes)]
+    return list(sizes)
 
 
 def _estimate_rank(spec: BenchSpec, rank: int) -> RankEstimate:
@@ -214,13 +217,22 @@ def held_state_bytes(built: Built) -> dict[str, int]:
     # Stored parameters (backward masking stores the full model) vs trained ones (gradients).
     stored = list(built.rank.module.parameters())
     params = list(built.rank.parameters())
+    from subnetdp.runtime.wrapper import SubnetDataParallel
+
+    if isinstance(built.rank, SubnetDataParallel) and built.rank.zero:
+        # ZeRO (runtime.zero): the gradients are the reducer's buffers and shards, and
+        # narrowed pieces' slices have copies of their own
+        stored += built.rank.zero_copies()
+        grads = sum(_nbytes(g) for g in built.rank.grad_buffers())
+    else:
+        grads = sum(_nbytes(p.grad) for p in params if p.grad is not None)
     opt_bytes = 0
     for st in built.optimizer.state.values():
         opt_bytes += sum(_nbytes(v) for v in st.values()
                          if isinstance(v, torch.Tensor) and v.dim() > 0)
     return {
         "params": sum(_nbytes(p) for p in stored),
-        "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+        "grads": grads,
         "optimizer": opt_bytes,
     }
 
@@ -233,6 +245,8 @@ def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, i
     width = spec.param_bytes
     if plan is not None and spec.fsdp:
         return FsdpLayout(spec, plan).state(rank)
+    if spec.composition().zero:
+        return zero_state(spec, rank, plan)
     if plan is not None:
         wb = worker_bytes(plan, rank, param_bytes=width,
                           optimizer_states=optimizer_states(spec.recipe),
@@ -246,6 +260,62 @@ def analytic_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, i
         elems = sum(p.numel() for p in meta.parameters())
     return {"params": elems * width, "grads": elems * width,
             "optimizer": optimizer_states(spec.recipe) * elems * width}
+
+
+def zero_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, int]:
+    """ZeRO inside holder groups (``runtime.zero``): the reducer's buckets over this rank's
+    pieces (``runtime.reducer.global_buckets``), each padded to a multiple of its c holders:
+    optimizer state for the rank's real slice of each, gradients of a slice each (ZeRO-2) or
+    the padded buckets (ZeRO-1, whose slices are views of them); parameters whole, plus a copy
+    of the slice of every narrowed (non-contiguous) piece. ``plan`` None: the ddp+zero
+    stand-in, everyone holding everything (``parallelize``)."""
+    from subnetdp.plan import make_plan
+    from subnetdp.runtime.reducer import global_buckets
+    from subnetdp.subnet.pieces import reduction_order
+    from subnetdp.subnet.units import describe_units
+
+    recipe, meta = meta_model(spec)
+    strategy = spec.strategy_value
+    if plan is None:
+        units, shared = describe_units(meta, recipe.adapter)
+        plan = make_plan(world=spec.world, units=units, coverage=1.0, shared_size=shared)
+        strategy = get_strategy("b-sdp")
+    width, zero = spec.param_bytes, spec.composition().zero
+    wb = worker_bytes(plan, rank, param_bytes=width, masking=strategy.cost_masking,
+                      optimizer_states=optimizer_states(spec.recipe))
+    pieces = full_pieces(meta, [u.name for u in plan.units],
+                         match_plan(plan, meta, recipe.adapter, strategy))
+    specs = global_buckets(reduction_order(pieces), plan,
+                           bucket_cap_bytes=int(spec.bucket_cap_mb * 2**20))
+    held = set(plan.held_units(rank))
+    partly = {p.key for p in pieces if p.unit is not None and p.unit not in held}
+
+    def copied(p: Piece) -> bool:
+        """Whether the piece's slice needs a copy: it is not its own contiguous tensor (a
+        narrowed layer under forward masking, a fully held sliced one under backward masking,
+        or a backward-masking slice parameter cut along an inner dimension)."""
+        if p.dim is None:
+            return False
+        if not strategy.backward_masked or p.key not in partly:
+            return True
+        return any(n > 1 for n in p.shape[: p.dim])
+
+    real = grads = copies = 0
+    for b in specs:
+        if rank not in b.holders:
+            continue
+        c, k = len(b.holders), b.holders.index(rank)
+        size = math.ceil(b.numel / c)
+        real += max(0, min(b.numel, (k + 1) * size) - k * size)
+        grads += size if zero == 2 else size * c
+        off = 0
+        for p in b.pieces:
+            if copied(p):
+                copies += max(0, min(off + p.numel, (k + 1) * size, b.numel)
+                              - max(off, k * size))
+            off += p.numel
+    return {"params": wb.params + copies * width, "grads": grads * width,
+            "optimizer": optimizer_states(spec.recipe) * real * width}
 
 
 class FsdpLayout:

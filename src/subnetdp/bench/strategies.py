@@ -92,6 +92,7 @@ class BenchSpec:
     capacities: tuple[float, ...] | None = None
     min_holders: int = 1
     fsdp_prefetch: bool = True  # SDP + FSDP: prefetch adjacent held blocks (runtime.fsdp)
+    zero: int = 0  # SDP: ZeRO-1/2 inside holder groups (runtime.zero); baselines: ddp+zero1/2
 
     def __post_init__(self) -> None:
         strategy, _ = parse_label(self.strategy)
@@ -101,7 +102,7 @@ class BenchSpec:
             raise ValueError(f"coverage must be in (0, 1], got {self.coverage}")
         if self.world < 1 or self.batch < 1 or self.seq < 2:
             raise ValueError("world and batch must be >= 1 and seq >= 2")
-        if (self.fsdp or self.ac) and not strategy.is_sdp:
+        if (self.fsdp or self.ac or self.zero) and not strategy.is_sdp:
             raise ValueError(f"fsdp/ac compose SDP strategies; for the baseline use the strategy "
                              f"name ({', '.join(BASELINES)}), not {self.strategy!r} + flags")
         self.composition().check(strategy)
@@ -115,7 +116,7 @@ class BenchSpec:
         _, named = parse_label(self.strategy)  # a baseline's fsdp/ac are in its name
         return Composition(fsdp=self.fsdp or named.fsdp, ac=self.ac or named.ac,
                            dtype=self.dtype, bucket_cap_mb=self.bucket_cap_mb,
-                           fsdp_prefetch=self.fsdp_prefetch)
+                           fsdp_prefetch=self.fsdp_prefetch, zero=self.zero or named.zero)
 
     @property
     def is_sdp(self) -> bool:
@@ -224,10 +225,11 @@ def build_rank(
 def _optimizer(rank: RankModel, recipe: Recipe) -> torch.optim.Optimizer:
     # foreach=False on every device: the per-tensor loop keeps optimizer temporaries to one
     # parameter's size, the same on CPU and GPU, so estimates do not depend on the device.
+    # rank.optimizer: sharded under zero (runtime.zero; ddp+zero1: ZeroRedundancyOptimizer)
     if optimizer_states(recipe.name) < 2:  # the image recipes train with SGD
-        return torch.optim.SGD(rank.parameters(), lr=1e-4, foreach=False,
-                               momentum=float(recipe.defaults.get("momentum", 0.9)))
-    return torch.optim.AdamW(rank.parameters(), lr=1e-4, betas=(0.9, 0.95), foreach=False)
+        return rank.optimizer(torch.optim.SGD, lr=1e-4, foreach=False,
+                              momentum=float(recipe.defaults.get("momentum", 0.9)))
+    return rank.optimizer(torch.optim.AdamW, lr=1e-4, betas=(0.9, 0.95), foreach=False)
 
 
 def lm_step(

@@ -1,7 +1,8 @@
 """``subnetdp bench``: estimated memory, analytic communication, measured step time.
 
     subnetdp bench memory --recipe llama-1b --world 8 --strategy b-sdp --coverage 0.69 \\
-        --batch-size 1 --seq-len 2048 [--fsdp] [--ac] [--dtype fp32|bf16-mixed|bf16] [--json]
+        --batch-size 1 --seq-len 2048 [--fsdp] [--ac] [--zero 1|2]
+        [--dtype fp32|bf16-mixed|bf16] [--json]
     subnetdp bench comm   --recipe llama-1b --world 8 --strategy b-sdp --coverage 0.69 [--json]
     subnetdp bench step   --recipe llama-tiny --world 4 --batch-size 8 --seq-len 128 \\
         [--strategies ddp,b-sdp,...] [--coverage 0.5] [--steps 10] [--warmup 3] [--json]
@@ -10,7 +11,8 @@
 ``memory`` runs one real step per distinct plan row under fake tensors and a fake process group
 (no memory is allocated; minutes for llama-1b on 2 cores). ``step`` starts real workers.
 ``--strategy`` takes a strategy or a composed name (``fsdp+ac``, ``b-sdp+fsdp``); ``--fsdp``/
-``--ac`` compose it as in ``train`` (``--strategy ddp --fsdp --ac`` is ``fsdp+ac``). In lists
+``--ac``/``--zero`` compose it as in ``train`` (``--strategy ddp --fsdp --ac`` is ``fsdp+ac``,
+``--strategy ddp --zero 1`` is ``ddp+zero1``, torch's ZeroRedundancyOptimizer). In lists
 (``step``, ``all``) they compose the SDP strategies only: the baselines are listed by name.
 """
 
@@ -46,7 +48,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--coverage", type=float, default=0.5, help="SDP coverage (default 0.5)")
     add_batch_arguments(p, batch_size=1, seq_len=2048, default_note="default %(default)s")
     add_dtype_argument(p)
-    add_composition_arguments(p)
+    add_composition_arguments(p, zero=True)
     p.add_argument("--steps", type=int, default=10, help="step: timed steps after warm-up")
     p.add_argument("--warmup", type=int, default=3,
                    help="step: warm-up steps (>= 3; the last one is the memory step)")
@@ -64,7 +66,8 @@ def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
 
     strategy, comp = parse_label(text)
     if strategy.is_sdp or not in_list:
-        comp = comp.replace(fsdp=comp.fsdp or args.fsdp, ac=comp.ac or args.ac)
+        comp = comp.replace(fsdp=comp.fsdp or args.fsdp, ac=comp.ac or args.ac,
+                            zero=comp.zero or args.zero)
         comp.check(strategy)
     # BenchSpec names a baseline by its label (fsdp+ac) and composes SDP through flags
     name = strategy.name if strategy.is_sdp else label(strategy, comp)
@@ -72,7 +75,7 @@ def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
     return BenchSpec(recipe=args.recipe, strategy=name, world=args.world,
                      batch=args.batch_size, seq=args.seq_len,
                      coverage=args.coverage if sdp else 1.0, dtype=args.dtype,
-                     fsdp=comp.fsdp and sdp, ac=comp.ac and sdp,
+                     fsdp=comp.fsdp and sdp, ac=comp.ac and sdp, zero=comp.zero if sdp else 0,
                      model_args=tuple(parse_model_arg(a) for a in args.model_arg))
 
 

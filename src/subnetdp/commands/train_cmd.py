@@ -49,7 +49,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--neuron-dropout", type=float, default=d.neuron_dropout, metavar="P",
                    help="ddp baseline: drop whole hidden units/heads/channels of every layer "
                         "pair with probability P (inverted dropout)")
-    add_composition_arguments(p)
+    add_composition_arguments(p, zero=True)
     add_dtype_argument(p, default=d.dtype)
     p.add_argument("--reduce-dtype", default=None, choices=REDUCE_DTYPES,
                    help="with --fsdp: the dtype gradients are averaged in (default: the master "

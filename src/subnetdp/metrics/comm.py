@@ -44,9 +44,12 @@ def allreduce_record(
     """The record of all-reduces of ``groups[ranks]`` payload bytes per step over each group
     (``comm_record`` from counted bytes, ``bench.comm`` from the plan). With
     ``collective="fsdp"`` the payload is FSDP's all-gathers and reduce-scatters, of which a
-    ring sends (n-1)/n."""
+    ring sends (n-1)/n; with ``"reduce_scatter+all_gather"`` (ZeRO in holder groups) the
+    payload is the gradient's, reduce-scattered and all-gathered, 2(n-1)/n of it sent."""
     def sent(v: float, n: int) -> float:
-        return ring_bytes(v, n) if collective == "all_reduce" else (n - 1) / n * v
+        # ZeRO's reduce-scatter + all-gather of the same payload send what the all-reduce does
+        whole = collective in ("all_reduce", "reduce_scatter+all_gather")
+        return ring_bytes(v, n) if whole else (n - 1) / n * v
 
     by_group = {
         group_key(k): {"size": len(k), "payload": float(v), "ring": sent(v, len(k))}

@@ -58,6 +58,9 @@ class Backend(Protocol):
         """Squared gradient entries this rank counts, so that the sum over the world counts
         every element of the full model's gradient exactly once."""
 
+    def clip_targets(self) -> list[torch.Tensor]:
+        """The gradients clipping scales (the optimizer's: under ZeRO, the reduced shards)."""
+
     def local_state(self) -> dict[str, torch.Tensor]:
         """The local model's state in its plain (unsharded, ungrouped) layout."""
 
@@ -85,8 +88,9 @@ class ReducerBackend:
         self, module: nn.Module, *, plan: Plan, rank: int, groups: HolderGroups,
         pieces: Sequence[Piece], local: Mapping[str, Sequence[LocalPiece]], held: Sequence[int],
         strategy: Strategy, bucket_cap_mb: float, param_dtype: torch.dtype | None,
+        zero: int = 0,
     ) -> None:
-        self.module, self.param_dtype = module, param_dtype
+        self.module, self.param_dtype, self.zero = module, param_dtype, zero
         self.trainable = (
             backward_trainable(module, local, set(held), lambda sp: self.reducer.mark_ready(sp))
             if strategy.backward_masked else forward_trainable(module, local)
@@ -94,7 +98,7 @@ class ReducerBackend:
         self.reducer = HolderReducer(
             self.trainable.params, self.trainable.local, reduction_order(pieces), plan,
             rank=rank, groups=groups, bucket_cap_bytes=int(bucket_cap_mb * 2**20),
-            external=self.trainable.external,
+            external=self.trainable.external, zero=zero,
         )
         self.stats = self.reducer.stats
         buckets = [(s.holders, f"bucket {i} ({s.names[0]}, ...)")
@@ -122,10 +126,23 @@ class ReducerBackend:
         self.reducer.enabled = on
 
     def grad_buffers(self) -> list[torch.Tensor]:
-        return [b.buffer for b in self.reducer.buckets if b.buffer is not None]
+        full = [b.buffer for b in self.reducer.buckets if b.buffer is not None]
+        # ZeRO-2's shard gradients are their own tensors (ZeRO-1's are slices of the buffers)
+        return full + (self._shard_grads() if self.zero == 2 else [])
+
+    def _shard_grads(self) -> list[torch.Tensor]:
+        return [b.shard.grad for b in self.reducer.buckets
+                if b.shard is not None and b.shard.grad is not None]
+
+    def clip_targets(self) -> list[torch.Tensor]:
+        if self.zero:
+            return self._shard_grads()
+        return [g for p in self.trainable.params.values() if (g := p.grad) is not None]
 
     def owned_grad_sq_norm(self, device: torch.device) -> torch.Tensor:
-        grads = [lp.view(g) for p, lp in self._owned if (g := p.grad) is not None]
+        # ZeRO: every element is in exactly one holder's shard (padding is zero)
+        grads = (self._shard_grads() if self.zero else
+                 [lp.view(g) for p, lp in self._owned if (g := p.grad) is not None])
         if not grads:
             return torch.zeros((), dtype=torch.float32, device=device)
         return torch.stack([n.float() for n in torch._foreach_norm(grads)]).square().sum()
@@ -233,6 +250,10 @@ class FSDPBackend:
 
     def grad_buffers(self) -> list[torch.Tensor]:
         return []  # gradients are FSDP's sharded .grad tensors
+
+    def clip_targets(self) -> list[torch.Tensor]:
+        return [local_tensor(g) for p in self.trainable.params.values()
+                if (g := p.grad) is not None]
 
     def owned_grad_sq_norm(self, device: torch.device) -> torch.Tensor:
         # shards are disjoint: each element is on exactly one rank

@@ -17,7 +17,7 @@ explicitly labelled extra baseline ``ddp (default buckets)``.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -61,6 +61,11 @@ class RankModel(Protocol):
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the full model's gradient norm (the same on every rank) and return it."""
+
+    def optimizer(self, optimizer_class: type[torch.optim.Optimizer],
+                  params: Iterable[Any] | None = None, **defaults: Any) -> torch.optim.Optimizer:
+        """``optimizer_class(params or self.parameters(), **defaults)``, sharded where the
+        composition says so (``zero``)."""
 
     def grad_buffers(self) -> list[torch.Tensor]:
         """Flat gradient buffers outside ``param.grad`` (memory tracking)."""
@@ -129,6 +134,10 @@ class _WholeModelRank:
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in self._module.parameters() if p.requires_grad]
 
+    def optimizer(self, optimizer_class: type[torch.optim.Optimizer],
+                  params: Iterable[Any] | None = None, **defaults: Any) -> torch.optim.Optimizer:
+        return optimizer_class(self.parameters() if params is None else params, **defaults)
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
@@ -162,7 +171,10 @@ class TorchDDPRank(_WholeModelRank):
     def __init__(
         self, module: nn.Module, *, strategy: Strategy, device: torch.device,
         bucket_cap_mb: float, bucket_view: bool = True, find_unused_parameters: bool = False,
+        zero_optimizer: bool = False,
     ) -> None:
+        """``zero_optimizer``: the optimizer is torch's ``ZeroRedundancyOptimizer`` (ZeRO-1:
+        each rank keeps the optimizer state of its partition of the parameters)."""
         ddp = nn.parallel.DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None,
             bucket_cap_mb=bucket_cap_mb,
@@ -170,7 +182,7 @@ class TorchDDPRank(_WholeModelRank):
             find_unused_parameters=find_unused_parameters,
         )
         super().__init__(module, ddp, CommStats())
-        self.strategy = strategy
+        self.strategy, self.zero_optimizer = strategy, zero_optimizer
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # DDP's flat buckets, by index, as its reducer hands them to the hook: allocated in C++
         # before any step, a memory tracker sees them only if told (grad_buffers). Weak: DDP
@@ -195,6 +207,15 @@ class TorchDDPRank(_WholeModelRank):
             return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
         return hook
+
+    def optimizer(self, optimizer_class: type[torch.optim.Optimizer],
+                  params: Iterable[Any] | None = None, **defaults: Any) -> torch.optim.Optimizer:
+        chosen = self.parameters() if params is None else params
+        if not self.zero_optimizer:
+            return optimizer_class(chosen, **defaults)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(chosen, optimizer_class=optimizer_class, **defaults)
 
     def grad_buffers(self) -> list[torch.Tensor]:
         """DDP's buckets (known after the first backward). With bucket views they are the

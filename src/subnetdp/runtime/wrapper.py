@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -24,6 +24,7 @@ from subnetdp.runtime.fsdp import local_tensor, my_chunk
 from subnetdp.runtime.grouped import group_layers
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.reducer import CommStats
+from subnetdp.runtime.zero import ZeroOptimizer
 from subnetdp.strategy import Composition, Strategy, get_strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.build import drop_units, is_on_meta, materialize, narrow_tensors
@@ -75,6 +76,7 @@ class SubnetDataParallel(nn.Module):
         param_dtype: torch.dtype | None = None,
         reduce_dtype: torch.dtype | None = None,
         fsdp_prefetch: bool = True,
+        zero: int = 0,
     ) -> None:
         """``fsdp``: shard each held unit over its holders (FSDP2) and shared parameters over
         all workers (``runtime.fsdp``); ``activation_checkpointing``: recompute every block in
@@ -83,15 +85,18 @@ class SubnetDataParallel(nn.Module):
         mixed-precision policy under ``fsdp``, ``torch.autocast`` otherwise);
         ``reduce_dtype``: the dtype gradients are averaged in (FSDP only; default: fp32);
         ``fsdp_prefetch``: prefetch adjacent held blocks (FSDP only, [Note: one global order]
-        in ``runtime.fsdp``). Every rank checks that the collectives it and its peers will
-        issue admit one global order (``plan.schedule``) and raises ``ScheduleError`` if not."""
+        in ``runtime.fsdp``); ``zero``: 1 shards optimizer state, 2 also the reduced gradients,
+        over each bucket's holders ([Note: ZeRO in holder groups] in ``runtime.zero``; build
+        the optimizer with ``self.optimizer``). Every rank checks that the collectives it and
+        its peers will issue admit one global order (``plan.schedule``) and raises
+        ``ScheduleError`` if not."""
         super().__init__()
         strat = get_strategy(strategy)
         if not strat.is_sdp:
             raise ValueError("SubnetDataParallel trains subnetworks; for 'ddp' use "
                              "subnetdp.parallelize (torch DDP) or DistributedDataParallel")
-        Composition(fsdp=fsdp, output_scaling=output_scaling,
-                    refresh_every=refresh_every, bucket_cap_mb=bucket_cap_mb).check(strat)
+        Composition(fsdp=fsdp, output_scaling=output_scaling, refresh_every=refresh_every,
+                    bucket_cap_mb=bucket_cap_mb, zero=zero).check(strat)
         if reduce_dtype is not None and not fsdp:
             raise ValueError("reduce_dtype needs fsdp=True (the plain reducer averages in the "
                              "gradients' own dtype)")
@@ -133,8 +138,11 @@ class SubnetDataParallel(nn.Module):
             if fsdp else
             ReducerBackend(module, plan=plan, rank=self.rank, groups=self.groups,
                            pieces=self.pieces, local=self.local, held=self.held_units,
-                           strategy=strat, bucket_cap_mb=bucket_cap_mb, param_dtype=param_dtype)
+                           strategy=strat, bucket_cap_mb=bucket_cap_mb, param_dtype=param_dtype,
+                           zero=zero)
         )
+        self.zero = zero
+        self._zero_opt: ZeroOptimizer | None = None  # the latest optimizer built under zero
         self.fsdp = fsdp
         self.refresh_every = refresh_every
         self._refreshed_through = 0  # reductions already followed by a refresh
@@ -186,6 +194,25 @@ class SubnetDataParallel(nn.Module):
         for name, p in self.trainable.params.items():
             local = name in self.local  # a local state key, not a slice's piece name
             yield (f"{prefix}{'module' if local else 'slices'}.{name}".lstrip("."), p)
+
+    def optimizer(
+        self, optimizer_class: type[torch.optim.Optimizer], params: Iterable[Any] | None = None,
+        **defaults: Any,
+    ) -> torch.optim.Optimizer:
+        """``optimizer_class(params, **defaults)``, ``params`` (default: ``self.parameters()``;
+        parameter groups too) being this wrapper's parameters. Under ``zero`` the optimizer
+        trains this rank's shards instead, with the same groups and hyperparameters, and
+        all-gathers the updated shards into the parameters after every ``step()``
+        ([Note: ZeRO in holder groups]); one line either way::
+
+            opt = model.optimizer(torch.optim.AdamW, lr=3e-4, weight_decay=0.1)
+        """
+        chosen = self.parameters() if params is None else params
+        if not self.zero:
+            return optimizer_class(chosen, **defaults)
+        assert isinstance(self.backend, ReducerBackend)
+        self._zero_opt = ZeroOptimizer(self.backend.reducer, optimizer_class, chosen, defaults)
+        return self._zero_opt.optimizer
 
     @property
     def _ddp_params_and_buffers_to_ignore(self) -> NoReturn:
@@ -257,7 +284,14 @@ class SubnetDataParallel(nn.Module):
         nb-sdp the held slice parameters (views whose gradients and optimizer state live
         outside the model)."""
         extra = [nn.ParameterList(self.trainable.external)] if self.trainable.external else []
+        if self.zero_copies():
+            extra.append(nn.ParameterList(self.zero_copies()))
         return [self.module, *extra]
+
+    def zero_copies(self) -> list[nn.Parameter]:
+        """Under ``zero``: the optimizer's copies of the slices of non-contiguous pieces
+        (narrowed layers); the other slices it trains are views of the parameters."""
+        return self._zero_opt.master_params() if self._zero_opt is not None else []
 
     def grad_buffers(self) -> list[torch.Tensor]:
         """The reducer's flat gradient buffers (parameters' ``.grad`` are views into them)."""
@@ -297,8 +331,7 @@ class SubnetDataParallel(nn.Module):
         dist.all_reduce(sq)
         total = sq.sqrt()
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        all_grads = [local_tensor(p.grad) for p in self.trainable.params.values()
-                     if p.grad is not None]
+        all_grads = self.backend.clip_targets()
         if all_grads:
             torch._foreach_mul_(all_grads, coef.to(all_grads[0].dtype))
         return total

@@ -91,11 +91,13 @@ def make_optimizer(
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    # rank.optimizer: the optimizer class over these groups, on shards under --zero
     opt: torch.optim.Optimizer
     if recipe.defaults.get("optimizer", "adamw") == "sgd":
-        opt = torch.optim.SGD(groups, lr=cfg.lr, momentum=recipe.defaults.get("momentum", 0.9))
+        opt = rank.optimizer(torch.optim.SGD, groups, lr=cfg.lr,
+                             momentum=recipe.defaults.get("momentum", 0.9))
     else:
-        opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+        opt = rank.optimizer(torch.optim.AdamW, groups, lr=cfg.lr, betas=(0.9, 0.95))
     warmup, steps = cfg.warmup, cfg.steps
 
     def factor(step: int) -> float:

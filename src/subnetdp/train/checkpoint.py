@@ -46,6 +46,7 @@ from safetensors import SafetensorError
 
 from subnetdp.plan import Plan
 from subnetdp.runtime.rank import RankModel
+from subnetdp.runtime.zero import zero_of
 from subnetdp.train.ckpt_io import (
     FORMAT,
     VERSION,
@@ -97,7 +98,11 @@ class Checkpointer:
         self.model, self.opt, self.sched = model, opt, sched
         self.plan, self.cfg, self.rank, self.world = plan, cfg, rank, world
         self.shards = model  # the rank model knows its pieces (RankModel.shard_state)
-        self.opt_params = _opt_params(opt, model)
+        # under ZeRO the optimizer trains shards: checkpoints see it per parameter (plain)
+        self.zero = zero_of(opt)
+        self.opt_params = _opt_params(
+            self.zero.param_groups if self.zero else [g["params"] for g in opt.param_groups],
+            model)
         self.local = model.plain_params()  # templates of optimizer state, plain layout
         self.info = info  # recipe, model_overrides, model_state: what export/eval need
 
@@ -112,8 +117,8 @@ class Checkpointer:
         ([Note: failed checkpoint writes])."""
         self.model.sync_buffers()  # BatchNorm statistics: holders agree before saving
         tensors = {f"model/{k}": v for k, v in self.shards.shard_state().items()}
-        optim, like, scalar = _optimizer_pieces(self.opt, self.opt_params, self.local,
-                                                self.shards)
+        state = self.zero.plain_state() if self.zero else self.opt.state  # collective
+        optim, like, scalar = _optimizer_pieces(state, self.opt_params, self.local, self.shards)
         rng, rng_meta = _capture_rng()
         staging, final = staging_dir(self.root, done), step_dir(self.root, done)
         token = self._on_rank0(lambda: _open_staging(staging), final)
@@ -198,8 +203,11 @@ class Checkpointer:
         shapes = model_shapes(manifest)
         try:
             self.shards.load_shard_state(PieceReader(ckpt, files, "model/", shapes))
-            _load_optimizer(self.opt, self.opt_params, self.local, self.shards, ckpt, files,
+            plain: dict[Any, dict[str, Any]] = {} if self.zero else self.opt.state
+            _load_optimizer(plain, self.opt_params, self.local, self.shards, ckpt, files,
                             manifest["optimizer"], shapes)
+            if self.zero:
+                self.zero.load_plain_state(plain)
         except KeyError as e:
             raise CheckpointError(f"{ckpt}: {e.args[0]}") from e
         opt_info = manifest["optimizer"]
@@ -248,9 +256,9 @@ def _read_token(staging: Path) -> str | None:
 OptParam = tuple[torch.Tensor, str, tuple[int, int, int] | None]  # (param, local key, slice)
 
 
-def _opt_params(opt: torch.optim.Optimizer, model: RankModel) -> list[OptParam]:
+def _opt_params(groups: list[list[torch.Tensor]], model: RankModel) -> list[OptParam]:
     places = {id(p): (key, where) for p, key, where in model.param_places()}
-    return [(p, *places[id(p)]) for group in opt.param_groups for p in group["params"]]
+    return [(p, *places[id(p)]) for group in groups for p in group]
 
 
 def _region(
@@ -264,16 +272,17 @@ def _region(
 
 
 def _optimizer_pieces(
-    opt: torch.optim.Optimizer, params: list[OptParam], local: Mapping[str, torch.Tensor],
-    shards: Any,
+    state: Mapping[Any, Mapping[str, Any]], params: list[OptParam],
+    local: Mapping[str, torch.Tensor], shards: Any,
 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
-    """Optimizer state as checkpoint tensors: state shaped like its parameter (``exp_avg``,
-    ``momentum_buffer``) sharded like the parameter; scalars (``step``, identical on all
-    holders) stored by whoever owns a piece of the parameter."""
+    """Optimizer state (per parameter: ``opt.state``, or a ZeRO optimizer's plain view) as
+    checkpoint tensors: state shaped like its parameter (``exp_avg``, ``momentum_buffer``)
+    sharded like the parameter; scalars (``step``, identical on all holders) stored by whoever
+    owns a piece of the parameter."""
     like: dict[str, dict[str, torch.Tensor]] = {}
     scalar: dict[str, dict[str, torch.Tensor]] = {}
     for p, key, where in params:
-        for k, v in opt.state.get(p, {}).items():
+        for k, v in state.get(p, {}).items():
             if v is None:
                 continue
             if torch.is_tensor(v) and v.ndim > 0 and v.shape == p.shape:
@@ -298,22 +307,24 @@ def _optimizer_pieces(
     return out, sorted(like), sorted(scalar)
 
 
-def _load_optimizer(opt: torch.optim.Optimizer, params: list[OptParam],
+def _load_optimizer(state: Any, params: list[OptParam],
                     local: Mapping[str, torch.Tensor], shards: Any, ckpt: Path, files: list[str],
                     info: dict[str, Any], shapes: dict[str, list[int]]) -> None:
-    """Recreate the optimizer's per-parameter state (a fresh optimizer has none yet)."""
+    """Recreate the optimizer's per-parameter state (a fresh optimizer has none yet) in
+    ``state`` (``opt.state``, a defaultdict; or a dict a ZeRO optimizer then loads)."""
     for k in info["like_states"]:
         into = {key: torch.empty_like(local[key]) for _, key, _ in params}
         shards.load_shard_state(PieceReader(ckpt, files, f"optim/{k}/", shapes), into=into)
         for p, key, where in params:
-            opt.state[p][k] = shards.from_plain(p, _region(into[key], where, p).clone())
+            state.setdefault(p, {})[k] = shards.from_plain(
+                p, _region(into[key], where, p).clone())
     for k in info["scalar_states"]:
         reader = ShardReader(ckpt, files, f"optim_scalar/{k}/")
         missing = sorted({key for _, key, _ in params if key not in reader})
         if missing:
             raise KeyError(f"the checkpoint lacks optimizer {k!r} of {missing[:3]}")
         for p, key, _ in params:
-            opt.state[p][k] = reader[key].clone()
+            state.setdefault(p, {})[k] = reader[key].clone()
 
 
 # -- RNG --------------------------------------------------------------------------------------

@@ -92,6 +92,9 @@ class TrainConfig:
     ac: bool = False
     dtype: str = "fp32"
     reduce_dtype: str | None = None
+    # ZeRO inside holder groups (runtime/zero.py): 1 shards the optimizer state over each
+    # unit's holders, 2 also the reduced gradients; 0 = off
+    zero: int = 0
     # Ecosystem (issue 18): rank 0's TensorBoard / W&B sinks (metrics/tracking.py), periodic
     # validation of the assembled model every eval_every steps (0 = at the end only), the
     # device's peak for mfu(%) (None: from the CUDA device name), TF32 matmuls on CUDA; text
@@ -139,7 +142,7 @@ class TrainConfig:
         return Composition(fsdp=self.fsdp, ac=self.ac, dtype=self.dtype,
                            reduce_dtype=self.reduce_dtype, bucket_cap_mb=self.bucket_cap_mb,
                            output_scaling=self.output_scaling,
-                           refresh_every=self.refresh_every)
+                           refresh_every=self.refresh_every, zero=self.zero)
 
     def validate(self, task: str) -> None:
         def bad(msg: str) -> None:
@@ -225,6 +228,12 @@ class TrainConfig:
         if self.ac and (self.stochastic_depth or self.neuron_dropout):
             bad("--ac does not combine with --stochastic-depth/--neuron-dropout: their masks "
                 "come from their own generator, so a recomputed block would draw new ones")
+        if self.zero and not self.strategy_value.is_sdp:
+            if self.stochastic_depth or self.neuron_dropout:
+                bad("--stochastic-depth/--neuron-dropout are torch DDP baselines; drop --zero")
+            if self.zero == 1 and (self.ckpt_every or self.resume):
+                bad("checkpoints of ddp --zero 1 (torch's ZeroRedundancyOptimizer) are not "
+                    "built: use --ckpt-every 0, or --zero 2")
         if not self.fsdp:
             return
         if (self.ckpt_every or self.resume) and not self.strategy_value.is_sdp:

@@ -62,6 +62,7 @@ def prepare_hetero(cfg: TrainConfig, world: int, *, worker: bool = False) -> Tra
     spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy, world=world,
                      batch=cfg.batch_size, seq=max(2, cfg.seq_len or 2), dtype=cfg.dtype,
                      fsdp=cfg.fsdp, ac=cfg.ac, seed=cfg.seed, bucket_cap_mb=cfg.bucket_cap_mb,
+                     zero=cfg.zero if cfg.strategy_value.is_sdp else 0,
                      model_args=tuple(sorted(cfg.model_args.items())),
                      min_holders=cfg.min_holders)
     try:

@@ -50,7 +50,9 @@ RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", 
                                 "min_nproc", "collective_timeout",
                                 # watching the run (metrics/tracking.py)
                                 "tensorboard", "wandb", "wandb_project", "eval_every",
-                                "peak_tflops"})
+                                "peak_tflops",
+                                # the optimizer's layout, not its maths: checkpoints are plain
+                                "zero"})
 # What --reshard may change besides: the world size and the plan ([Note: resharded resume]).
 RESHARD_OVERRIDABLE = frozenset({"nproc", "coverage", "scheme", "balance", "min_holders",
                                  "plan_file", "neuron_groups", "neuron_kinds", "rotate"})
