@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from subnetdp.metrics.memory import measure_step_memory
 from subnetdp.models import get_recipe
@@ -207,3 +208,27 @@ def test_refresh_every_k_steps_runs_before_the_forward() -> None:
     for rank, sent in enumerate(run_workers(_train_refresh_every, 2, plan, 2)):
         # refreshes happen before the forwards of steps 2 (after 2 reductions) only
         assert sent == [0, 0, wb[rank], wb[rank]]
+
+
+def _step_flops(rank: int, world: int, plan) -> tuple[float, float, float]:
+    x, y = small_batch(rank, 0)
+    full = build_full_model(small_llama(), LLAMA.adapter, seed=3)
+    with FlopCounterMode(display=False) as counted:
+        lm_loss(full(x), y).backward()
+    sdp = SubnetDataParallel(small_llama(), plan=plan, adapter=LLAMA.adapter, strategy="nb-sdp",
+                             device="cpu", init_seed=3)
+    with FlopCounterMode(display=False) as nb:
+        lm_loss(sdp(x), y).backward()
+    # the weight-gradient GEMM FLOPs of the elements this rank does not hold, by hand
+    masks = element_holders(plan, full, rank)
+    unheld = sum(2 * x.numel() * float((1 - masks[f"{name}.weight"]).sum())
+                 for name, m in full.named_modules() if isinstance(m, nn.Linear))
+    return counted.get_total_flops(), nb.get_total_flops(), unheld
+
+
+def test_nb_sdp_computes_only_held_weight_gradients() -> None:
+    # nb-sdp's step = the full model's step less the non-held slices' weight gradients, exactly
+    plan = _plan_for("nb-sdp", 2, 0.5)
+    for full, nb, unheld in run_workers(_step_flops, 2, plan):
+        assert unheld > 0.1 * full
+        assert nb == full - unheld

@@ -98,7 +98,7 @@ class ReducerBackend:
         self.reducer = HolderReducer(
             self.trainable.params, self.trainable.local, reduction_order(pieces), plan,
             rank=rank, groups=groups, bucket_cap_bytes=int(bucket_cap_mb * 2**20),
-            external=self.trainable.external, zero=zero,
+            external=self.trainable.filled, zero=zero,
         )
         self.stats = self.reducer.stats
         buckets = [(s.holders, f"bucket {i} ({s.names[0]}, ...)")

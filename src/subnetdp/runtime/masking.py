@@ -11,10 +11,12 @@ held units (and shared parameters) get gradients and optimizer state:
 - a parameter with no held piece is frozen (``requires_grad`` off): no gradient buffer, no
   optimizer state, while activations still flow through it to earlier layers;
 - a fully held parameter trains as usual;
-- a partly held one (nb-sdp: some neuron groups of a layer) keeps ``requires_grad`` so that
-  autograd computes its gradient, but the optimizer sees one *slice parameter* per held piece
-  instead, a view of the full tensor (so updates write through). A post-accumulate-grad hook
-  moves the held slices of the full gradient into the slice parameters and frees the full
+- a partly held one (nb-sdp: some neuron groups of a layer): the optimizer sees one *slice
+  parameter* per held piece instead, a view of the full tensor (so updates write through).
+  Where the layer is a Linear or a plain convolution, the full tensor is frozen and the layer
+  computes only the held slices' weight gradients (``runtime.held_grad``). Otherwise the full
+  tensor keeps ``requires_grad``, so autograd computes its whole gradient, and a
+  post-accumulate-grad hook moves the held slices into the slice parameters and frees the full
   gradient at once, so at most one such full-size gradient exists at a time.
 """
 
@@ -27,17 +29,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from subnetdp.runtime import held_grad
 from subnetdp.subnet.pieces import LocalPiece
 
 
 @dataclass
 class Trainable:
     """Trainable tensors by name (local state key, or piece name for slices) and where their
-    pieces sit (same keys), plus the slice parameters whose gradients the hooks fill."""
+    pieces sit (same keys), plus the slice parameters (outside the module), of which
+    ``filled`` get their gradients from hooks rather than from autograd."""
 
     params: dict[str, nn.Parameter]
     local: dict[str, list[LocalPiece]]
     external: list[nn.Parameter] = field(default_factory=list)
+    filled: list[nn.Parameter] = field(default_factory=list)
     hooks: list[Any] = field(default_factory=list)
 
 
@@ -56,6 +61,7 @@ def backward_trainable(
 ) -> Trainable:
     """Freeze what this rank does not hold and split partly held parameters (module doc)."""
     out = Trainable({}, {})
+    partial: dict[str, list[LocalPiece]] = {}
     for key, p in module.named_parameters():
         if not p.requires_grad:  # frozen by the user (module doc)
             continue
@@ -66,15 +72,50 @@ def backward_trainable(
         elif not mine:
             p.requires_grad_(False)
         else:
-            slices = []
-            for lp in mine:
-                sp = nn.Parameter(lp.view(p.detach()))
-                out.params[lp.piece.name] = sp
-                out.local[lp.piece.name] = [LocalPiece(lp.piece, 0, whole=True)]
-                out.external.append(sp)
-                slices.append((lp, sp))
-            out.hooks.append(p.register_post_accumulate_grad_hook(_extract(slices, mark_ready)))
+            partial[key] = mine
+    params = dict(module.named_parameters())
+    for path in _sliceable_layers(module, partial):
+        layer = module.get_submodule(path)
+        prefix = f"{path}." if path else ""
+        cut = {name: _slices(out, params[prefix + name], partial.pop(prefix + name))
+               for name in ("weight", "bias") if prefix + name in partial}
+        layer.weight.requires_grad_(False)
+        if "bias" in cut:
+            layer.bias.requires_grad_(False)
+        held_grad.install(layer, *[[held_grad.Slice.of(lp, sp) for lp, sp in cut.get(name, [])]
+                                   for name in ("weight", "bias")])
+    for key, mine in partial.items():  # the generic path: full gradient, then sliced
+        slices = _slices(out, params[key], mine)
+        out.filled += [sp for _, sp in slices]
+        out.hooks.append(params[key].register_post_accumulate_grad_hook(
+            _extract(slices, mark_ready)))
     return out
+
+
+def _sliceable_layers(module: nn.Module, partial: Mapping[str, object]) -> list[str]:
+    """Layers whose partly held tensors ``held_grad`` can slice: a supported layer's weight,
+    with or without its bias, and nothing else of it partly held."""
+    names: dict[str, set[str]] = {}
+    for key in partial:
+        path, _, name = key.rpartition(".")
+        names.setdefault(path, set()).add(name)
+    return [path for path, ns in names.items()
+            if "weight" in ns and ns <= {"weight", "bias"}
+            and held_grad.supports(module.get_submodule(path))]
+
+
+def _slices(out: Trainable, p: nn.Parameter,
+            mine: Sequence[LocalPiece]) -> list[tuple[LocalPiece, nn.Parameter]]:
+    """One trainable slice parameter per held piece of ``p``, a view of it (so that updates
+    write through), registered in ``out``."""
+    slices = []
+    for lp in mine:
+        sp = nn.Parameter(lp.view(p.detach()))
+        out.params[lp.piece.name] = sp
+        out.local[lp.piece.name] = [LocalPiece(lp.piece, 0, whole=True)]
+        out.external.append(sp)
+        slices.append((lp, sp))
+    return slices
 
 
 def _extract(
