@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from subnetdp.subnet.neurons import NeuronGroup
@@ -21,11 +22,12 @@ def scale_kept_outputs(
     assembled model's accuracy was 0.41 without scaling and 0.80 with it (llama-tiny: val loss
     5.05 vs 4.95); see benchmarks/results/nsdp_*.md.
 
-    It scales the *output* of the ``down`` module rather than its input: for a linear ``down``
-    (``W·(s·h) = s·(W·h)``, the bias kept unscaled) the result is the same, but the scaled
-    input would be one more activation saved for backward, while the scaled output replaces
-    the unscaled one (a product with a constant saves nothing). A forward hook keeps model
-    code unaware. Returns the hook handles."""
+    The scale is applied to the ``down`` module's output rather than its input: for a linear
+    ``down`` (``W·(s·h) = s·(W·h)``, the bias kept unscaled) the result is the same, but the
+    scaled input would be one more activation saved for backward. A plain ``nn.Linear`` down
+    folds it into its GEMMs (``_ScaledLinear``: BLAS's alpha, so no extra pass over the output
+    or its gradient); any other down module gets a forward hook. Both keep model code unaware.
+    Returns the hook handles."""
     kept: dict[str, int] = {}
     pairs = {}
     for u in held:
@@ -36,6 +38,10 @@ def scale_kept_outputs(
     for name, pair in pairs.items():
         scale = pair.slots / kept[name]
         if scale == 1.0:
+            continue
+        down = module.get_submodule(pair.down)
+        if isinstance(down, nn.Linear) and type(down).forward is nn.Linear.forward:
+            down.forward = _folded(down, scale)  # type: ignore[method-assign,assignment]
             continue
 
         def hook(mod: nn.Module, _: Any, out: torch.Tensor, s: float = scale) -> Any:
@@ -50,5 +56,45 @@ def scale_kept_outputs(
             b = bias.view(shape)
             return (out - b) * s + b
 
-        hooks.append(module.get_submodule(pair.down).register_forward_hook(hook))
+        hooks.append(down.register_forward_hook(hook))
     return hooks
+
+
+def _folded(layer: nn.Linear, scale: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if not layer.training:
+            return F.linear(x, layer.weight, layer.bias)
+        out: torch.Tensor = _ScaledLinear.apply(x, layer.weight, layer.bias, scale)
+        return out
+
+    return forward
+
+
+class _ScaledLinear(torch.autograd.Function):
+    """``s·(x Wᵀ) + b`` with ``s`` as the GEMMs' alpha, forward and backward. Under autocast
+    the forward casts as ``F.linear`` would and the backward runs in the output's dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                s: float) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.s, ctx.bias = s, b is not None
+        x2 = x.reshape(-1, x.shape[-1])
+        base = b if b is not None else x2.new_zeros(())
+        y = torch.addmm(base, x2, w.t(), beta=1 if b is not None else 0, alpha=s)
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x, w = ctx.saved_tensors
+        dt, s = dy.dtype, ctx.s
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        zero = dy2.new_zeros(())
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = torch.addmm(zero, dy2, w.to(dt), beta=0, alpha=s).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            gw = torch.addmm(zero, dy2.t(), x.reshape(-1, x.shape[-1]).to(dt), beta=0, alpha=s)
+        if ctx.bias and ctx.needs_input_grad[2]:
+            gb = dy2.sum(0)
+        return gx, gw, gb, None
