@@ -5,8 +5,11 @@ same workers, synced and compute-only, interleaved so that machine noise hits al
 
 *Compute-only* is the same step under ``no_sync()`` without clipping: forward, backward and
 the optimizer step with no collective (no reduction, no bb/nb-sdp refresh), i.e. what the
-step would cost with free communication. Every repeat times each strategy in both modes,
-round-robin with a rotating order; medians over all ranks' steps. Prints a table and writes
+step would cost with free communication. Every step, in both modes, starts on a barrier and
+is timed to a closing barrier, so it lasts as long as the slowest rank's and a rank's wait for
+another's previous step is charged to neither mode. Every repeat times each strategy in both
+modes, round-robin with a rotating order; medians over all ranks' steps. Checks the targets
+(n-sdp step <= compute-only + 5%, nb-sdp step <= bb-sdp's + 5%). Prints a table and writes
 ``benchmarks/results/neuron_step.{md,json,png}``.
 """
 
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from subnetdp.models import get_recipe
@@ -60,6 +64,7 @@ def _worker(recipe_name: str, coverage: float, batch: int, seq: int, steps: int,
             for name, mode in jobs[k:] + jobs[:k]:
                 r, opt = ranks[name], opts[name]
                 ctx = r.model.no_sync() if mode == "compute" else nullcontext()
+                dist.barrier()  # every rank starts together (lateness is not charged below)
                 t0 = time.perf_counter()
                 with ctx:
                     logits = r.model(x[:, :-1])
@@ -68,6 +73,7 @@ def _worker(recipe_name: str, coverage: float, batch: int, seq: int, steps: int,
                     r.clip_grad_norm_(1.0)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+                dist.barrier()  # a step ends when every rank's has: the slowest rank's time
                 if step % (warmup + steps) >= warmup:
                     times[name][mode].append(time.perf_counter() - t0)
                 if mode == "synced" and name != "ddp":  # torch DDP's hook counts bytes only
@@ -100,9 +106,18 @@ def main() -> None:
              "step_over_ddp": med[n]["synced"] / ddp, "compute_over_ddp": med[n]["compute"] / ddp,
              "step_over_compute": med[n]["synced"] / med[n]["compute"],
              "collectives_per_step": per_rank[0]["collectives"].get(n)} for n in STRATEGIES]
+    by = {r["strategy"]: r for r in rows}
+    targets = [
+        {"target": "n-sdp step / its compute-only step", "value": by["n-sdp"]["step_over_compute"],
+         "limit": 1.05},
+        {"target": "nb-sdp step / bb-sdp step",
+         "value": by["nb-sdp"]["step_s"] / by["bb-sdp"]["step_s"], "limit": 1.05},
+    ]
+    for t in targets:
+        t["met"] = t["value"] <= t["limit"]
     record = {"benchmark": "neuron_step", "recipe": a.recipe, "world": a.nproc,
               "coverage": a.coverage, "batch": a.batch, "seq": a.seq, "steps": a.steps,
-              "warmup": a.warmup, "repeats": a.repeats, "rows": rows,
+              "warmup": a.warmup, "repeats": a.repeats, "rows": rows, "targets": targets,
               # other work on the machine skews synced steps (ranks wait for the slowest)
               "load_average": [load_before, os.getloadavg()[0]],
               "versions": {"torch": torch.__version__, "python": platform.python_version()}}
@@ -120,6 +135,11 @@ def main() -> None:
         *(f"| {r['strategy']} | {r['step_s']:.4f} | {r['compute_s']:.4f} | "
           f"{r['step_over_ddp']:.3f} | {r['compute_over_ddp']:.3f} | "
           f"{r['step_over_compute']:.3f} | {r['collectives_per_step'] or '-'} |" for r in rows),
+        "",
+        "| target | measured | limit | met |",
+        "|---|---:|---:|---|",
+        *(f"| {t['target']} | {t['value']:.3f} | {t['limit']:.2f} | "
+          f"{'yes' if t['met'] else 'no'} |" for t in targets),
     ]
     table = "\n".join(lines)
     (RESULTS / f"{a.name}.md").write_text(table + "\n")
