@@ -12,7 +12,8 @@ from torch import nn
 from subnetdp.runtime import held_grad
 
 # (dim, [(start, length)]) of the held weight slices
-CUTS = [(0, [(0, 3)]), (0, [(1, 2), (5, 3)]), (1, [(2, 4)]), (1, [(0, 1), (3, 2)])]
+CUTS = [(0, [(0, 3)]), (0, [(1, 2), (5, 3)]), (1, [(2, 4)]), (1, [(0, 1), (3, 2)]),
+        (0, [(0, 2), (2, 3), (6, 2)]), (1, [(4, 2), (1, 3)])]  # adjacent ones share a GEMM
 
 
 def _layers() -> dict[str, tuple[nn.Module, tuple[int, ...]]]:

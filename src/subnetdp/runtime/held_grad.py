@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.conv import _ConvNd
 
+from subnetdp.subnet.autocast import autocast_input
 from subnetdp.subnet.pieces import LocalPiece
 
 
@@ -71,15 +72,24 @@ def install(layer: nn.Module, weight: Sequence[Slice], bias: Sequence[Slice]) ->
     layer.forward = forward  # type: ignore[method-assign]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Op:
     layer: nn.Linear | _ConvNd
     weight: tuple[Slice, ...]
     bias: tuple[Slice, ...]
 
-    @property
-    def params(self) -> list[nn.Parameter]:
-        return [s.param for s in (*self.weight, *self.bias)]
+    def __post_init__(self) -> None:
+        # adjacent held weight slices share one GEMM: (dim, start, length) per run
+        self.runs: list[tuple[int, int, int]] = []
+        for s in sorted(self.weight, key=lambda s: (s.dim, s.start)):
+            last = self.runs[-1] if self.runs else None
+            if last is not None and last[0] == s.dim and last[1] + last[2] == s.start:
+                self.runs[-1] = (s.dim, last[1], last[2] + s.length)
+            else:
+                self.runs.append((s.dim, s.start, s.length))
+        self.run_of = [next(i for i, (d, a, n) in enumerate(self.runs)
+                            if d == s.dim and a <= s.start < a + n) for s in self.weight]
+        self.params = [s.param for s in (*self.weight, *self.bias)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layer = self.layer
@@ -95,17 +105,18 @@ class _Op:
         if isinstance(layer, nn.Linear):
             gx = dy.matmul(w) if need_input else None
             dy, x = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
-            gw = [dy.narrow(1, s.start, s.length).t().mm(x) if s.dim == 0 else
-                  dy.t().mm(x.narrow(1, s.start, s.length)) for s in self.weight]
+            runs = [dy.narrow(1, start, n).t().mm(x) if dim == 0 else
+                    dy.t().mm(x.narrow(1, start, n)) for dim, start, n in self.runs]
             reduce = [0]
         else:
             gx = self._conv_backward(dy, x, w, 0) if need_input else None
-            gw = [self._conv_backward(dy.narrow(1, s.start, s.length), x,
-                                      w.narrow(0, s.start, s.length), 1) if s.dim == 0 else
-                  self._conv_backward(dy, x.narrow(1, s.start, s.length),
-                                      w.narrow(1, s.start, s.length), 1)
-                  for s in self.weight]
+            runs = [self._conv_backward(dy.narrow(1, start, n), x, w.narrow(0, start, n), 1)
+                    if dim == 0 else
+                    self._conv_backward(dy, x.narrow(1, start, n), w.narrow(1, start, n), 1)
+                    for dim, start, n in self.runs]
             reduce = [0, *range(2, dy.ndim)]
+        gw = [runs[i].narrow(s.dim, s.start - self.runs[i][1], s.length)
+              for s, i in zip(self.weight, self.run_of, strict=True)]
         # channels are dim 1 of dy in both cases (Linear's after the reshape)
         gb_full = dy.sum(reduce) if full_bias else None
         gb = [dy.narrow(1, s.start, s.length).sum(reduce) for s in self.bias]
@@ -129,6 +140,7 @@ class _HeldSlices(torch.autograd.Function):
                 *params: torch.Tensor) -> torch.Tensor:
         # ``full_bias`` and ``params`` only route gradients: the values are the layer's own
         ctx.op = op
+        x = autocast_input(x)
         ctx.save_for_backward(x)
         return op.forward(x)
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from subnetdp.subnet.autocast import autocast_input
 from subnetdp.subnet.neurons import NeuronGroup
 
 
@@ -77,6 +78,7 @@ class _ScaledLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
                 s: float) -> torch.Tensor:
+        x = autocast_input(x)
         ctx.save_for_backward(x, w)
         ctx.s, ctx.bias = s, b is not None
         x2 = x.reshape(-1, x.shape[-1])
