@@ -66,12 +66,14 @@ lint: $(STAMP)
 # llama-134m/500m/1b at 8 workers for every strategy + a measured CPU run, and the composition
 # table (llama-1b: SDP + FSDP2 + activation checkpointing, bf16-mixed; see README);
 # composition_measured: the composed strategies' step time and memory in 4 gloo workers;
-# zero_step: b-sdp vs b-sdp+zero1/2 step time in 4 gloo workers.
+# zero_step: b-sdp vs b-sdp+zero1/2 step time in 4 gloo workers; neuron_step: every strategy's
+# step vs its compute-only step (n-sdp and nb-sdp targets) in 4 gloo workers.
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/reducer_overhead.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/paper_scale.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/composition_measured.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/zero_step.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/neuron_step.py
 
 # Spread vs balanced plans (benchmarks/results/balanced.md): cost model and estimator at paper
 # scale (ResNet-18, WRN-18, Swin-T, llama-1b), 2:1:1:1 budgets, and short 4-worker CPU runs

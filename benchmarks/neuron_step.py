@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import parallelize
@@ -41,7 +42,7 @@ MODES = ("synced", "compute")
 
 
 def _worker(recipe_name: str, coverage: float, batch: int, seq: int, steps: int,
-            warmup: int, repeats: int) -> dict[str, Any]:
+            warmup: int, repeats: int, foreach: bool | None) -> dict[str, Any]:
     rank, world = init_distributed("gloo")
     try:
         recipe = get_recipe(recipe_name)
@@ -52,9 +53,17 @@ def _worker(recipe_name: str, coverage: float, batch: int, seq: int, steps: int,
             plan = None if name == "ddp" else plan_for(
                 meta, recipe.adapter, get_strategy(name), world=world, coverage=coverage)
             ranks[name] = parallelize(meta, adapter=recipe.adapter, strategy=name, plan=plan)
-            opts[name] = torch.optim.AdamW(ranks[name].parameters(), lr=1e-4)
+            opts[name] = torch.optim.AdamW(ranks[name].parameters(), lr=1e-4, foreach=foreach)
         vocab = get_recipe(recipe_name).defaults["vocab_size"]
         g = torch.Generator().manual_seed(rank)
+        flops = {}  # this rank's forward + backward FLOPs (GEMMs, attention), one step each
+        x = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+        for name, r in ranks.items():
+            with r.model.no_sync(), FlopCounterMode(display=False) as counter:
+                logits = r.model(x[:, :-1])
+                F.cross_entropy(logits.reshape(-1, vocab), x[:, 1:].reshape(-1)).backward()
+            flops[name] = counter.get_total_flops()
+            opts[name].zero_grad(set_to_none=True)
         times: dict[str, dict[str, list[float]]] = {n: {m: [] for m in MODES} for n in STRATEGIES}
         collectives: dict[str, int] = {}
         jobs = [(n, m) for n in STRATEGIES for m in MODES]
@@ -78,7 +87,7 @@ def _worker(recipe_name: str, coverage: float, batch: int, seq: int, steps: int,
                     times[name][mode].append(time.perf_counter() - t0)
                 if mode == "synced" and name != "ddp":  # torch DDP's hook counts bytes only
                     collectives[name] = r.comm_stats.last_step_collectives
-        return {"rank": rank, "times": times, "collectives": collectives}
+        return {"rank": rank, "times": times, "collectives": collectives, "flops": flops}
     finally:
         shutdown_distributed()
 
@@ -93,18 +102,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--foreach", action="store_true",
+                    help="AdamW(foreach=True), as torch picks on GPUs (its CPU default is a loop "
+                         "over tensors, which charges nb-sdp's many slices)")
     ap.add_argument("--name", default="neuron_step", help="output file stem")
     a = ap.parse_args()
     load_before = os.getloadavg()[0]
     results = launch(_worker, (a.recipe, a.coverage, a.batch, a.seq, a.steps, a.warmup,
-                               a.repeats), nproc=a.nproc, run_id="neuron-step")
+                               a.repeats, a.foreach or None), nproc=a.nproc, run_id="neuron-step")
     per_rank = [results[r] for r in sorted(results)]
     med = {n: {m: statistics.median(t for r in per_rank for t in r["times"][n][m])
                for m in MODES} for n in STRATEGIES}
     ddp = med["ddp"]["synced"]
+    # a synced step waits for the slowest rank: the most FLOPs of any rank
+    top = {n: max(r["flops"][n] for r in per_rank) for n in STRATEGIES}
+    # ranks that share cores (more workers than cores) wait for all ranks' FLOPs: the mean
+    mean = {n: statistics.mean(r["flops"][n] for r in per_rank) for n in STRATEGIES}
     rows = [{"strategy": n, "step_s": med[n]["synced"], "compute_s": med[n]["compute"],
              "step_over_ddp": med[n]["synced"] / ddp, "compute_over_ddp": med[n]["compute"] / ddp,
              "step_over_compute": med[n]["synced"] / med[n]["compute"],
+             "flops_over_ddp": top[n] / top["ddp"], "mean_flops_over_ddp": mean[n] / top["ddp"],
              "collectives_per_step": per_rank[0]["collectives"].get(n)} for n in STRATEGIES]
     by = {r["strategy"]: r for r in rows}
     targets = [
@@ -117,7 +134,8 @@ def main() -> None:
         t["met"] = t["value"] <= t["limit"]
     record = {"benchmark": "neuron_step", "recipe": a.recipe, "world": a.nproc,
               "coverage": a.coverage, "batch": a.batch, "seq": a.seq, "steps": a.steps,
-              "warmup": a.warmup, "repeats": a.repeats, "rows": rows, "targets": targets,
+              "warmup": a.warmup, "repeats": a.repeats, "adamw_foreach": a.foreach,
+              "rows": rows, "targets": targets,
               # other work on the machine skews synced steps (ranks wait for the slowest)
               "load_average": [load_before, os.getloadavg()[0]],
               "versions": {"torch": torch.__version__, "python": platform.python_version()}}
@@ -125,16 +143,21 @@ def main() -> None:
     (RESULTS / f"{a.name}.json").write_text(json.dumps(record, indent=1))
     lines = [
         f"{a.recipe}, {a.nproc} gloo workers, C = {a.coverage:g} (SDP), batch {a.batch}x{a.seq}, "
-        f"{a.repeats} x {a.steps} steps per mode (after {a.warmup} warm-up each), medians over "
-        "all ranks; compute = the same step under no_sync() without clipping; load average "
+        f"{a.repeats} x {a.steps} steps per mode (after {a.warmup} warm-up each), AdamW"
+        f"{'(foreach=True)' if a.foreach else ' (torch default: a loop on CPU)'}, medians over "
+        "all ranks; compute = the same step under no_sync() without clipping; FLOPs counted by "
+        "torch's FlopCounterMode over one step; load average "
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
         "",
         "| strategy | step (s) | compute-only (s) | step / ddp | compute / ddp | "
-        "step / compute | collectives / step (rank 0) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "step / compute | FLOPs / ddp: busiest rank | mean over ranks | "
+        "collectives / step (rank 0) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(f"| {r['strategy']} | {r['step_s']:.4f} | {r['compute_s']:.4f} | "
           f"{r['step_over_ddp']:.3f} | {r['compute_over_ddp']:.3f} | "
-          f"{r['step_over_compute']:.3f} | {r['collectives_per_step'] or '-'} |" for r in rows),
+          f"{r['step_over_compute']:.3f} | {r['flops_over_ddp']:.3f} | "
+          f"{r['mean_flops_over_ddp']:.3f} | "
+          f"{r['collectives_per_step'] or '-'} |" for r in rows),
         "",
         "| target | measured | limit | met |",
         "|---|---:|---:|---|",
