@@ -42,14 +42,15 @@ MODES = ("synced", "compute")
 
 
 def _worker(recipe_name: str, coverage: float, batch: int, seq: int, steps: int,
-            warmup: int, repeats: int, foreach: bool | None) -> dict[str, Any]:
+            warmup: int, repeats: int, foreach: bool | None,
+            overrides: dict[str, int]) -> dict[str, Any]:
     rank, world = init_distributed("gloo")
     try:
         recipe = get_recipe(recipe_name)
         ranks, opts = {}, {}
         for name in STRATEGIES:
             with torch.device("meta"):
-                meta = recipe.build_model()
+                meta = recipe.build_model(**overrides)
             plan = None if name == "ddp" else plan_for(
                 meta, recipe.adapter, get_strategy(name), world=world, coverage=coverage)
             ranks[name] = parallelize(meta, adapter=recipe.adapter, strategy=name, plan=plan)
@@ -105,11 +106,15 @@ def main() -> None:
     ap.add_argument("--foreach", action="store_true",
                     help="AdamW(foreach=True), as torch picks on GPUs (its CPU default is a loop "
                          "over tensors, which charges nb-sdp's many slices)")
+    ap.add_argument("--dim", type=int, help="model width (default: the recipe's)")
+    ap.add_argument("--ffn-hidden", type=int, help="FFN width (default: the recipe's)")
     ap.add_argument("--name", default="neuron_step", help="output file stem")
     a = ap.parse_args()
+    overrides = {k: v for k, v in (("dim", a.dim), ("ffn_hidden", a.ffn_hidden)) if v}
     load_before = os.getloadavg()[0]
     results = launch(_worker, (a.recipe, a.coverage, a.batch, a.seq, a.steps, a.warmup,
-                               a.repeats, a.foreach or None), nproc=a.nproc, run_id="neuron-step")
+                               a.repeats, a.foreach or None, overrides), nproc=a.nproc,
+                     run_id="neuron-step")
     per_rank = [results[r] for r in sorted(results)]
     med = {n: {m: statistics.median(t for r in per_rank for t in r["times"][n][m])
                for m in MODES} for n in STRATEGIES}
@@ -132,7 +137,8 @@ def main() -> None:
     ]
     for t in targets:
         t["met"] = t["value"] <= t["limit"]
-    record = {"benchmark": "neuron_step", "recipe": a.recipe, "world": a.nproc,
+    record = {"benchmark": "neuron_step", "recipe": a.recipe, "overrides": overrides,
+              "world": a.nproc,
               "coverage": a.coverage, "batch": a.batch, "seq": a.seq, "steps": a.steps,
               "warmup": a.warmup, "repeats": a.repeats, "adamw_foreach": a.foreach,
               "rows": rows, "targets": targets,
@@ -142,7 +148,8 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{a.name}.json").write_text(json.dumps(record, indent=1))
     lines = [
-        f"{a.recipe}, {a.nproc} gloo workers, C = {a.coverage:g} (SDP), batch {a.batch}x{a.seq}, "
+        f"{a.recipe}{''.join(f' {k}={v}' for k, v in overrides.items())}, {a.nproc} gloo "
+        f"workers, C = {a.coverage:g} (SDP), batch {a.batch}x{a.seq}, "
         f"{a.repeats} x {a.steps} steps per mode (after {a.warmup} warm-up each), AdamW"
         f"{'(foreach=True)' if a.foreach else ' (torch default: a loop on CPU)'}, medians over "
         "all ranks; compute = the same step under no_sync() without clipping; FLOPs counted by "
