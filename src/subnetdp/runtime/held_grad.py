@@ -101,14 +101,15 @@ class _Op:
               full_bias: bool) -> tuple[Any, ...]:
         """Input gradient, full bias gradient, then one per held slice (weight, bias)."""
         layer, dt = self.layer, dy.dtype
-        w, x = layer.weight.to(dt), x.to(dt)
+        x = x.to(dt)
         if isinstance(layer, nn.Linear):
-            gx = dy.matmul(w) if need_input else None
+            gx = dy.matmul(layer.weight.to(dt)) if need_input else None
             dy, x = dy.reshape(-1, dy.shape[-1]), x.reshape(-1, x.shape[-1])
             runs = [dy.narrow(1, start, n).t().mm(x) if dim == 0 else
                     dy.t().mm(x.narrow(1, start, n)) for dim, start, n in self.runs]
             reduce = [0]
         else:
+            w = layer.weight.to(dt)
             gx = self._conv_backward(dy, x, w, 0) if need_input else None
             runs = [self._conv_backward(dy.narrow(1, start, n), x, w.narrow(0, start, n), 1)
                     if dim == 0 else

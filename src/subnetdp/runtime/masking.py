@@ -62,7 +62,8 @@ def backward_trainable(
     """Freeze what this rank does not hold and split partly held parameters (module doc)."""
     out = Trainable({}, {})
     partial: dict[str, list[LocalPiece]] = {}
-    for key, p in module.named_parameters():
+    params = dict(module.named_parameters())
+    for key, p in params.items():
         if not p.requires_grad:  # frozen by the user (module doc)
             continue
         pieces = list(local[key])
@@ -73,7 +74,6 @@ def backward_trainable(
             p.requires_grad_(False)
         else:
             partial[key] = mine
-    params = dict(module.named_parameters())
     for path in _sliceable_layers(module, partial):
         layer = module.get_submodule(path)
         prefix = f"{path}." if path else ""
