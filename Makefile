@@ -51,7 +51,7 @@ demo: $(STAMP)
 
 # No -q here: pyproject.toml already adds one, and -qq hides the "N passed" summary line.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 $(PYTEST_ARGS) tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=15 $(PYTEST_ARGS) tests
 
 # The long fault cases (tests/faults, marker "long"), skipped by `make test`.
 test-faults: $(STAMP)

@@ -1,4 +1,7 @@
+import faulthandler
 import os
+import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -11,7 +14,37 @@ import torch
 torch.set_num_threads(1)
 
 
-@pytest.fixture
-def fork_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Local launches fork their workers, so patches made in this process reach them."""
-    monkeypatch.setattr("subnetdp.train.launch.DEFAULT_START_METHOD", "fork")
+# pytest-timeout's signal method cannot interrupt a test stuck inside C code (a collective that
+# never completes, say). A watchdog then prints every thread's stack, names the test and ends
+# pytest, so a hang costs one test's limit instead of the whole CI run: a Python thread first
+# (it runs whenever the stuck call released the GIL, as waits in torch do), else faulthandler's
+# own thread, which needs no GIL but cannot name the test.
+_WATCHDOG_GRACE_S = 60.0
+_STDERR: list[int] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest captures fd 2 while a test runs and drops what it holds when the process exits
+    _STDERR.append(os.dup(2))
+
+
+def _end_hung(nodeid: str, after: float) -> None:
+    line = f"\nWATCHDOG: {nodeid} still running after {after:.0f} s; ending pytest\n".encode()
+    os.write(_STDERR[0], line)
+    faulthandler.dump_traceback(_STDERR[0], all_threads=True)
+    os.write(_STDERR[0], line)
+    os._exit(1)
+
+
+@pytest.fixture(autouse=True)
+def _hard_deadline(request: pytest.FixtureRequest) -> Iterator[None]:
+    marker = request.node.get_closest_marker("timeout")
+    limit = float((marker.args[0] if marker and marker.args else
+                   request.config.getoption("timeout", None)) or 900) + _WATCHDOG_GRACE_S
+    timer = threading.Timer(limit, _end_hung, (request.node.nodeid, limit))
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(limit + 30, exit=True, file=_STDERR[0])
+    yield
+    faulthandler.cancel_dump_traceback_later()
+    timer.cancel()

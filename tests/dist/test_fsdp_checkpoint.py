@@ -14,6 +14,7 @@ import torch
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.ckpt_io import assemble_full_state, list_checkpoints, read_manifest
+from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
@@ -47,29 +48,20 @@ def test_fsdp_resume_is_exact(strategy: str, extra: list[str], tmp_path: Path) -
     assert all(torch.equal(again[k], final[k]) for k in final)
 
 
-@pytest.mark.parametrize("strategy", ["bb-sdp"])
-@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
+@pytest.mark.parametrize("strategy", ["bb-sdp", "n-sdp"])
 def test_fsdp_checkpoint_resumes_under_another_world_and_coverage(
     strategy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An FSDP checkpoint of 4 workers at C = 0.5 resumed (--reshard) by 3 at C = 0.67: the
     loaded shards, written back and assembled, equal the saved parameters and optimizer
     state bit for bit; training goes on."""
-    from subnetdp.train.checkpoint import Checkpointer
-    from tests.dist.test_reshard import _assembled
+    from tests.dist.test_reshard import _assembled, restore_and_write_back
 
     out = tmp_path / "run"
     args = [a if a != "6" else "3" for a in TINY]  # 3 steps, one checkpoint at the end
     assert main(["train", *args, "--strategy", strategy, "--out", str(out)]) == 0
     saved_ckpt = Path(shutil.copytree(out / "checkpoints" / "step_00000003", tmp_path / "saved"))
-    real = Checkpointer.restore
-
-    def restore_and_write_back(self: Checkpointer, ckpt: Path, **kw: object) -> int:
-        step = real(self, ckpt, **kw)  # type: ignore[arg-type]
-        self.save(step)
-        return step
-
-    monkeypatch.setattr(Checkpointer, "restore", restore_and_write_back)  # forked workers
+    patch_workers(monkeypatch, restore_and_write_back)
     assert main(["train", "--resume", str(out), "--reshard", "--nproc", "3", "--coverage",
                  "0.67", "--steps", "5", "--ckpt-every", "5"]) == 0
     loaded_ckpt = out / "checkpoints" / "step_00000003"

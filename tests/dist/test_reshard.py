@@ -22,6 +22,7 @@ from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.ckpt_io import list_checkpoints, read_manifest, split_piece
 from subnetdp.train.reshard import PieceReader, model_shapes
+from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
 
@@ -44,26 +45,31 @@ def _assembled(ckpt: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def restore_and_write_back() -> None:
+    """In a worker: right after loading, save the loaded state as the new plan shards it
+    (replacing the checkpoint it was loaded from)."""
+    from subnetdp.train.checkpoint import Checkpointer
+
+    real = Checkpointer.restore
+
+    def restore(self: Checkpointer, ckpt: Path, **kw: Any) -> int:
+        step = real(self, ckpt, **kw)
+        self.save(step)
+        return step
+
+    Checkpointer.restore = restore  # type: ignore[method-assign]
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "b-sdp", "bb-sdp", "n-sdp", "nb-sdp"])
-@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_resume_under_another_world_and_coverage(
     strategy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from subnetdp.train.checkpoint import Checkpointer
-
     out = tmp_path / "run"
     assert main(["train", *TINY, "--strategy", strategy, "--nproc", "2", "--coverage", "0.5",
                  "--steps", "4", "--ckpt-every", "4", "--out", str(out)]) == 0
     saved_ckpt = Path(shutil.copytree(out / "checkpoints" / "step_00000004",
                                       tmp_path / "saved"))
-    real = Checkpointer.restore
-
-    def restore_and_write_back(self: Checkpointer, ckpt: Path, **kw: Any) -> int:
-        step = real(self, ckpt, **kw)
-        self.save(step)  # the loaded state, as the new plan shards it (replaces step_4)
-        return step
-
-    monkeypatch.setattr(Checkpointer, "restore", restore_and_write_back)  # forked workers
+    patch_workers(monkeypatch, restore_and_write_back)
     assert main(["train", "--resume", str(out), "--reshard", "--nproc", "3", "--coverage",
                  "0.67", "--steps", "6", "--ckpt-every", "2"]) == 0
     loaded_ckpt = out / "checkpoints" / "step_00000004"

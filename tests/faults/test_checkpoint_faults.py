@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from subnetdp.train.ckpt_io import (
     read_manifest,
 )
 from subnetdp.train.rundir import LOCK, hold_run_folder
+from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -284,21 +286,25 @@ def _assert_failed_write(err: str, run: Path, before: dict[str, str]) -> None:
         k: v for k, v in before.items() if k.startswith("checkpoints")}
 
 
-@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
-def test_a_write_error_removes_the_staging_folder(
-    run: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:
-    """ENOSPC raised in rank 1's writer (forked workers inherit the patch)."""
+def _full_disk_on_rank_1() -> None:
+    """In a worker: rank 1's checkpoint writer fails with ENOSPC."""
     import subnetdp.train.checkpoint as checkpoint
 
     real = checkpoint.write_shard
 
     def full(path: Path, *args: Any) -> Any:
-        if os.environ.get("RANK") == "1":
+        if os.environ["RANK"] == "1":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         return real(path, *args)
 
-    monkeypatch.setattr(checkpoint, "write_shard", full)
+    checkpoint.write_shard = full  # type: ignore[assignment]
+
+
+def test_a_write_error_removes_the_staging_folder(
+    run: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """ENOSPC raised in rank 1's writer."""
+    patch_workers(monkeypatch, _full_disk_on_rank_1)
     before = _snapshot(run)
     err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capfd, code=1))
     assert "rank 1 could not write its file: [Errno 28] No space left on device" in err
@@ -325,41 +331,42 @@ def test_a_full_disk_tmpfs(run: Path, tmp_path: Path, capsys: pytest.CaptureFixt
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
+def _node_local_checkpoints_on_rank_1(elsewhere: Path) -> None:
+    """In a worker: rank 1 writes its checkpoints under ``elsewhere`` (a node-local --out)."""
+    import subnetdp.train.checkpoint as checkpoint
+
+    real = checkpoint.checkpoints_root
+    if os.environ["RANK"] == "1":
+        checkpoint.checkpoints_root = lambda run_dir: real(elsewhere)  # type: ignore[assignment]
+
+
+def _node_local_manifests_on_rank_1(elsewhere: Path) -> None:
+    """In a worker: rank 1 reads checkpoints under ``elsewhere`` (a node-local --out)."""
+    import subnetdp.train.checkpoint as checkpoint
+
+    real = checkpoint.read_manifest
+    if os.environ["RANK"] == "1":
+        checkpoint.read_manifest = lambda ckpt: real(elsewhere / ckpt.name)  # type: ignore[assignment]
+
+
 def test_ranks_that_do_not_share_the_run_folder(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """Node-local --out: rank 1 sees its own (empty) folder where rank 0 sees the run's."""
-    import subnetdp.train.checkpoint as checkpoint
-
-    elsewhere = tmp_path / "node1"
-    real = checkpoint.checkpoints_root
-
-    def local_view(run_dir: Any) -> Path:
-        return real(elsewhere if os.environ.get("RANK") == "1" else run_dir)
-
-    monkeypatch.setattr(checkpoint, "checkpoints_root", local_view)
+    patch_workers(monkeypatch, partial(_node_local_checkpoints_on_rank_1, tmp_path / "node1"))
     before = _snapshot(run)
     err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capfd, code=1))
     assert "rank 1 on" in err and "does not see the folder" in err and "node-local" in err
     _assert_failed_write(err, run, before)
 
 
-@pytest.mark.usefixtures("fork_workers")  # the patch must reach the workers
 def test_resuming_on_ranks_that_do_not_share_the_run_folder(
     run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """Node-local --out on resume: rank 1 finds no checkpoint where rank 0 finds it."""
-    import subnetdp.train.checkpoint as checkpoint
-
-    real = checkpoint.read_manifest
-
-    def local_view(ckpt: Path) -> Any:
-        return real(tmp_path / "node1" / ckpt.name if os.environ.get("RANK") == "1" else ckpt)
-
-    monkeypatch.setattr(checkpoint, "read_manifest", local_view)
+    patch_workers(monkeypatch, partial(_node_local_manifests_on_rank_1, tmp_path / "node1"))
     before = _snapshot(run)
     err = _one_line(_err(["train", "--resume", str(run), "--steps", "9"], capfd, code=1))
     assert "rank 1 does not see the checkpoint" in err and "node-local --out" in err

@@ -180,7 +180,7 @@ def test_exact_round_trip_in_one_process(tmp_path: Path) -> None:
     from subnetdp.strategy import get_strategy
     from subnetdp.train.launch import init_distributed, shutdown_distributed
 
-    init_distributed("gloo")
+    init_distributed("gloo", timeout=60)  # a hung collective fails instead of waiting 30 min
     try:
         cfg = TrainConfig(steps=6, ckpt_every=3, strategy="ddp")
         plan = make_plan(world=1, units=[Unit("u", 1)], coverage=1.0)

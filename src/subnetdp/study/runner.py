@@ -81,9 +81,7 @@ def run_cell(suite: Suite, cell: Cell, runs: Path) -> CellResult:
     t0 = time.perf_counter()
     error = None
     try:
-        # forkserver: this process lives for hours and has run many elastic agents (threads);
-        # forking workers from it can deadlock one in a libc lock (seen: getnameinfo's).
-        run_training(cfg, start_method="forkserver")
+        run_training(cfg)
     except NonFiniteLossError as e:
         error = str(e)
     wall = time.perf_counter() - t0

@@ -100,10 +100,6 @@ class WorkerStartTimeoutError(RuntimeError):
         self.missing = missing
 
 
-# How local launches start workers when the caller does not say ([Note: why not fork]). Tests
-# that patch library code in this process set it to "fork", so that the workers inherit it.
-DEFAULT_START_METHOD = "forkserver"
-
 def under_launcher() -> bool:
     """True when a launcher (torchrun, ``launch``) already started this process as a worker."""
     return all(v in os.environ for v in _LAUNCHER_VARS)
@@ -148,12 +144,13 @@ def launch(
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     if start_method is None:
-        # A forked child inherits CUDA state it cannot use and this process's default group
-        # (so its own init_distributed would return the parent's world): spawn then.
+        # [Note: why not fork]. A child of the fork server would still inherit CUDA state it
+        # cannot use and this process's default group (so its own init_distributed would
+        # return the parent's world): spawn then.
         parent_state = torch.cuda.is_initialized() or (
             dist.is_available() and dist.is_initialized()
         )
-        start_method = "spawn" if parent_state else DEFAULT_START_METHOD
+        start_method = "spawn" if parent_state else "forkserver"
     if start_method not in ("fork", "spawn", "forkserver"):
         raise ValueError(
             f"start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}"

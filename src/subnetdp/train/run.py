@@ -18,9 +18,8 @@ START_TIMEOUT_MIN_S = 120.0  # a loaded machine may take a while to start every 
 def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[str, Any]:
     """Train and return the run's summary (read back from ``summary.json``).
 
-    ``start_method`` is ``launch``'s (None: fork). A long-lived caller that trains many runs
-    (the quality study) passes ``"forkserver"``: forking from a process whose threads (the
-    elastic agent's TCP store) may hold a libc lock can deadlock a worker."""
+    ``start_method`` is ``launch``'s (None: a fork server, or spawn once this process holds a
+    process group or CUDA)."""
     # torch, the models and the trainer load when a run starts, not on import
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.hetero import prepare_hetero
