@@ -52,6 +52,31 @@ def test_launch_two_workers_all_reduce() -> None:
     assert not under_launcher() and "TORCHELASTIC_SIGNALS_TO_HANDLE" not in os.environ
 
 
+def _env_worker(names: tuple[str, ...]) -> dict[str, str | None]:
+    rank, _ = init_distributed("gloo")  # over the loopback interface
+    dist.barrier()
+    shutdown_distributed()
+    return {n: os.environ.get(n) for n in names}
+
+
+def test_workers_see_the_launch_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each launch's workers see this process's environment as it is at that launch (a fork
+    server's children would otherwise see it as it was at the server's start), with the
+    agent's own variables intact; gloo runs over loopback."""
+    names = ("SUBNETDP_TEST_VAR", "MASTER_ADDR", "GLOO_SOCKET_IFNAME", "RANK")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    first = launch(_env_worker, (names,), nproc=2, run_id="test_env_1")
+    monkeypatch.setenv("SUBNETDP_TEST_VAR", "set after the first launch")
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")  # the agent's own wins
+    second = launch(_env_worker, (names,), nproc=2, run_id="test_env_2")
+    assert [first[r]["SUBNETDP_TEST_VAR"] for r in (0, 1)] == [None, None]
+    assert [second[r]["SUBNETDP_TEST_VAR"] for r in (0, 1)] == ["set after the first launch"] * 2
+    assert {second[r]["MASTER_ADDR"] for r in (0, 1)} == {"127.0.0.1"}
+    assert [second[r]["RANK"] for r in (0, 1)] == ["0", "1"]
+    assert {first[r]["GLOO_SOCKET_IFNAME"] for r in (0, 1)} == {"lo"}
+    assert "GLOO_SOCKET_IFNAME" not in os.environ  # the default is the workers' only
+
+
 def test_launch_spawn() -> None:
     # spawn is what launch() picks once CUDA or a process group exists in the parent; one
     # worker keeps the cost to a single fresh `import torch`.

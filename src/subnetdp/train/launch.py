@@ -200,7 +200,7 @@ def launch(
     restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
     with (
         _preserved_process_state(),
-        _default_env(OMP_NUM_THREADS="1", **restart_env),
+        _default_env(OMP_NUM_THREADS="1", **restart_env, **_gloo_loopback()),
         _gc_paused(start_method == "fork") as gc_was_enabled,
         _agent_log(log_dir),
         _StartWatch(nproc, start_timeout) as watch,
@@ -329,20 +329,35 @@ def _gc_paused(active: bool) -> Iterator[bool]:
             gc.enable()
 
 
+# What the elastic agent sets in each worker's environment (and TORCHELASTIC_*); everything
+# else a worker takes from the launching process as it was at the launch.
+_AGENT_VARS = frozenset({
+    "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"})
+
+
 class _Worker:
-    """A worker's entry point: mark the start for ``_StartWatch``, then run ``fn``. Forked
-    (``gc_enabled`` not None): first freeze the inherited objects."""
+    """A worker's entry point: take the launch's environment, mark the start for
+    ``_StartWatch``, then run ``fn``. Forked (``gc_enabled`` not None): first freeze the
+    inherited objects."""
 
     def __init__(self, fn: Callable[..., Any], start_folder: str,
                  gc_enabled: bool | None) -> None:
         self.fn = fn
         self.start_folder = start_folder
         self.gc_enabled = gc_enabled
+        # A fork server's children inherit the environment of the server's start (this
+        # process's first launch), not this one's: a variable set since (NCCL_DEBUG, say)
+        # would be missing. Values that torch read when the server imported it stay.
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in _AGENT_VARS and not k.startswith("TORCHELASTIC_")}
         # The elastic agent names the worker after its entry point in logs and errors.
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
+        os.environ.update(self.env)
         if self.gc_enabled is not None:
             gc.freeze()
             if self.gc_enabled:
@@ -382,6 +397,14 @@ def _failure_text(f: Any) -> str:
             return str(msg["message"])
     # No error file: the process was killed by a signal or called os._exit.
     return str(getattr(f, "message", "")) or "no traceback (killed by a signal or os._exit?)"
+
+
+def _gloo_loopback() -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` for the loopback interface: local workers talk over it. Else gloo
+    binds to what the host name resolves to, which fails or stalls where /etc/hosts or DNS
+    does not know the host."""
+    names = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]
+    return {"GLOO_SOCKET_IFNAME": names[0]} if names else {}
 
 
 @contextlib.contextmanager
