@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from subnetdp.train.launch import gloo_loopback
 import multiprocessing as mp
 
 
@@ -23,6 +25,7 @@ def _worker(
 ) -> None:
     gc.freeze()  # never collect what was inherited (see launch.py, fork and the GC)
     torch.set_num_threads(1)
+    os.environ.update(gloo_loopback())  # as local launches do: no host-name lookup
     try:
         store = dist.FileStore(os.path.join(tmp, "store"), world)
         dist.init_process_group("gloo", rank=rank, world_size=world, store=store)

@@ -35,6 +35,7 @@ __all__ = [
     "WorkerFailedError",
     "WorkerStartTimeoutError",
     "free_port",
+    "gloo_loopback",
     "init_distributed",
     "launch",
     "shutdown_distributed",
@@ -200,7 +201,7 @@ def launch(
     restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
     with (
         _preserved_process_state(),
-        _default_env(OMP_NUM_THREADS="1", **restart_env, **_gloo_loopback()),
+        _default_env(OMP_NUM_THREADS="1", **restart_env, **gloo_loopback()),
         _gc_paused(start_method == "fork") as gc_was_enabled,
         _agent_log(log_dir),
         _StartWatch(nproc, start_timeout) as watch,
@@ -399,7 +400,7 @@ def _failure_text(f: Any) -> str:
     return str(getattr(f, "message", "")) or "no traceback (killed by a signal or os._exit?)"
 
 
-def _gloo_loopback() -> dict[str, str]:
+def gloo_loopback() -> dict[str, str]:
     """``GLOO_SOCKET_IFNAME`` for the loopback interface: local workers talk over it. Else gloo
     binds to what the host name resolves to, which fails or stalls where /etc/hosts or DNS
     does not know the host."""
@@ -464,8 +465,9 @@ def init_distributed(backend: str | None = None,
         dist.init_process_group(backend=backend, timeout=wait)
     else:
         # An in-memory store: no port to pick and nothing shared with other runs.
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=wait)
+        with _default_env(**gloo_loopback()):
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
+                                    world_size=1, timeout=wait)
     return dist.get_rank(), dist.get_world_size()
 
 
