@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import multiprocessing as mp
 
 from subnetdp.train.launch import gloo_loopback
-import multiprocessing as mp
 
 
 def _worker(
