@@ -25,7 +25,7 @@ def _worker(
 ) -> None:
     gc.freeze()  # never collect what was inherited (see launch.py, fork and the GC)
     torch.set_num_threads(1)
-    os.environ.update(gloo_loopback())  # as local launches do: no host-name lookup
+    os.environ.update({**gloo_loopback(), **os.environ})  # as local launches: no host lookup
     try:
         store = dist.FileStore(os.path.join(tmp, "store"), world)
         dist.init_process_group("gloo", rank=rank, world_size=world, store=store)

@@ -201,7 +201,7 @@ def launch(
     restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
     with (
         _preserved_process_state(),
-        _default_env(OMP_NUM_THREADS="1", **restart_env, **gloo_loopback()),
+        _default_env(OMP_NUM_THREADS="1", **restart_env),
         _gc_paused(start_method == "fork") as gc_was_enabled,
         _agent_log(log_dir),
         _StartWatch(nproc, start_timeout) as watch,
@@ -333,8 +333,8 @@ def _gc_paused(active: bool) -> Iterator[bool]:
 # What the elastic agent sets in each worker's environment (and TORCHELASTIC_*); everything
 # else a worker takes from the launching process as it was at the launch.
 _AGENT_VARS = frozenset({
-    "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    *_LAUNCHER_VARS, "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"})
 
 
@@ -351,8 +351,10 @@ class _Worker:
         # A fork server's children inherit the environment of the server's start (this
         # process's first launch), not this one's: a variable set since (NCCL_DEBUG, say)
         # would be missing. Values that torch read when the server imported it stay.
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in _AGENT_VARS and not k.startswith("TORCHELASTIC_")}
+        # Local workers' gloo talks over loopback unless the user names an interface.
+        self.env = {**gloo_loopback(), **{
+            k: v for k, v in os.environ.items()
+            if k not in _AGENT_VARS and not k.startswith("TORCHELASTIC_")}}
         # The elastic agent names the worker after its entry point in logs and errors.
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
