@@ -8,6 +8,8 @@ hold it. See ``SubnetDataParallel``, ``subnetdp.plan.make_plan`` and ``subnetdp.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -29,3 +31,17 @@ def __getattr__(name: str) -> Any:  # lazy: `import subnetdp` must not pull torc
 
         return make_plan
     raise AttributeError(name)
+
+
+class _Package(types.ModuleType):
+    """``subnetdp.parallelize`` is the function, not its module ``subnetdp/parallelize.py``:
+    Python binds a submodule on its package when it is first imported (by anyone, e.g.
+    ``subnetdp.train``), which would replace the function that ``__getattr__`` gave."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "parallelize" and isinstance(value, types.ModuleType):
+            value = value.parallelize
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
