@@ -80,3 +80,12 @@ def test_column_labels_name_the_composition() -> None:
     assert label(run) == "fsdp+ac"
     assert label({"strategy": "b-sdp", "coverage": 0.5}) == "b-sdp (C=0.5)"
     assert label({**run, "strategy": "b-sdp", "coverage": 0.5}) == "b-sdp+fsdp+ac (C=0.5)"
+
+
+def test_unmeasured_figures_show_as_such() -> None:
+    """A run whose only step measured memory has no step time: ``null`` in summary.json
+    (issue 28 item 3); the tables say so instead of failing or inventing a figure."""
+    untimed = _summary("b-sdp", 3.9, 50, step_time_s=None, **{"throughput(tps)": None})
+    assert "step time          not measured" in format_summary(untimed)
+    assert _row(comparison_table(_summary("ddp", 4.0, 100), untimed), "median step time")[-2:] \
+        == ["-", "-"]

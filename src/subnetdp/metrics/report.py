@@ -20,36 +20,47 @@ def _worst(summary: dict[str, Any], key: str) -> float:
     return max(values) if values else float("nan")
 
 
+def _figure(value: Any) -> float:
+    """A summary's figure as a float: NaN where it was not measured (``null`` in the JSON)."""
+    return float("nan") if value is None else float(value)
+
+
 def row_values(summary: dict[str, Any]) -> dict[str, float]:
     """The headline figures of a run (per-worker figures: the worst rank; NaN: not measured)."""
-    quality = summary.get("val_accuracy", summary.get("val_loss", float("nan")))
-    train_time = summary.get("train_time_s")
+    quality = summary.get("val_accuracy", summary.get("val_loss"))
     return {
         "steps": float(summary["steps"]),
-        "quality": quality,
+        "quality": _figure(quality),
         "params": _worst(summary, "params_held"),
         "memory": _worst(summary, "peak_memory_bytes"),
         "bytes": _worst(summary, "comm_bytes_per_step"),
         "refresh": max((r.get("refresh_bytes_per_step") or 0) for r in summary["per_rank"]),
-        "step_time": summary["step_time_s"],
-        "train_time": float("nan") if train_time is None else float(train_time),
+        # null when no step was timed (a resume whose only step measured memory)
+        "step_time": _figure(summary.get("step_time_s")),
+        "train_time": _figure(summary.get("train_time_s")),
     }
 
 
 def format_summary(summary: dict[str, Any]) -> str:
     v = row_values(summary)
     qname = "val_accuracy" if "val_accuracy" in summary else "val_loss"
+
+    def line(title: str, key: str, fmt: Callable[[float], str], note: str) -> str:
+        shown = f"{fmt(v[key])} ({note})" if math.isfinite(v[key]) else "not measured"
+        return f"  {title:<18} {shown}"
+
     lines = [
         f"{summary['strategy']} on {summary['recipe']}: {summary['world']} workers, "
         f"coverage {summary['coverage']}, {summary['steps']} steps",
         f"  final train loss   {summary['final_train_loss']:.4f}",
         f"  {qname:<18} {v['quality']:.4f}",
         f"  params / worker    {v['params'] / 1e6:.3f} M (max over ranks)",
-        f"  peak mem / worker  {v['memory'] / MiB:.1f} MiB (measured, max over ranks)",
+        line("peak mem / worker", "memory", lambda x: f"{x / MiB:.1f} MiB",
+             "measured, max over ranks"),
         f"  bytes sent / step  {v['bytes'] / MiB:.2f} MiB (max over ranks)",
         *([f"  refresh / step     {v['refresh'] / MiB:.2f} MiB (owners -> non-holders, max)"]
           if v["refresh"] else []),
-        f"  step time          {v['step_time']:.3f} s (median)",
+        line("step time", "step_time", lambda x: f"{x:.3f} s", "median"),
         *([f"  wall time (train)  {v['train_time']:.1f} s (training loop, slowest rank)"]
           if math.isfinite(v["train_time"]) else []),
     ]
