@@ -68,7 +68,7 @@ def test_config_file_tensorboard_and_validation(base: Path) -> None:
         assert rows[1][i][GLOBAL_AVG_LOSS] == rows[0][i][GLOBAL_AVG_LOSS]
         assert rows[0][i]["grad_norm"] > 0
     val = read_jsonl(val_jsonl_path(base))
-    assert [v["step"] for v in val] == [1, 3]  # after step 2 (--eval-every) and at the end
+    assert [v["step"] for v in val] == [2, 4]  # after step 2 (--eval-every) and at the end
     summary = json.loads((base / "summary.json").read_text())
     assert summary["val_loss"] == val[-1]["val_loss"]
     assert summary["throughput_total(tps)"] == pytest.approx(2 * summary["throughput(tps)"])
@@ -80,7 +80,7 @@ def test_config_file_tensorboard_and_validation(base: Path) -> None:
     tags = acc.Tags()["scalars"]
     assert {GLOBAL_AVG_LOSS, "grad_norm", "lr", "throughput(tps)", "val_loss"} <= set(tags)
     events = acc.Scalars(GLOBAL_AVG_LOSS)
-    assert [e.step for e in events] == list(range(STEPS))
+    assert [e.step for e in events] == list(range(1, STEPS + 1))
     assert [e.value for e in events] == pytest.approx([r[GLOBAL_AVG_LOSS] for r in rows[0]])
 
 

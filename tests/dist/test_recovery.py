@@ -81,5 +81,5 @@ def test_killed_worker_is_recovered_exactly(tmp_path: Path) -> None:
         a = read_jsonl(tmp_path / "reference" / "metrics" / f"rank{rank}.jsonl")
         b = read_jsonl(tmp_path / "killed" / "metrics" / f"rank{rank}.jsonl")
         # One line per step (the replayed steps' first lines were dropped), same losses.
-        assert [r["step"] for r in b] == list(range(STEPS))
+        assert [r["step"] for r in b] == list(range(1, STEPS + 1))
         assert [r["loss"] for r in a] == [r["loss"] for r in b]

@@ -86,7 +86,7 @@ def test_resume_under_another_world_and_coverage(
     assert summary["world"] == 3 and summary["config"]["coverage"] == 0.67
     for r in range(3):
         steps = [m["step"] for m in read_jsonl(out / "metrics" / f"rank{r}.jsonl")]
-        assert steps[-2:] == [4, 5]
+        assert steps[-2:] == [5, 6]
         assert all(math.isfinite(m["loss"]) for m in read_jsonl(
             out / "metrics" / f"rank{r}.jsonl"))
 
@@ -137,11 +137,11 @@ def test_elastic_shrink_continues_on_the_survivors(tmp_path: Path,
     assert final.name == "step_00000008" and read_manifest(final)["world"] == 2
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world"] == 2
-    for r in range(2):  # the survivors replayed steps 3..7 after the step-3 checkpoint
+    for r in range(2):  # the survivors replayed steps 4..8 after the step-3 checkpoint
         assert [m["step"] for m in read_jsonl(run / "metrics" / f"rank{r}.jsonl")] == list(
-            range(8))
+            range(1, 9))
     # the lost rank's lines end at the checkpoint the survivors continued from
-    assert [m["step"] for m in read_jsonl(run / "metrics" / "rank2.jsonl")] == [0, 1, 2]
+    assert [m["step"] for m in read_jsonl(run / "metrics" / "rank2.jsonl")] == [1, 2, 3]
 
 
 def _lost_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:

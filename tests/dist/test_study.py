@@ -15,7 +15,7 @@ from subnetdp.study.suite import Suite, TaskSpec, enumerate_cells
 pytestmark = pytest.mark.dist
 
 TINY = TaskSpec("llama", "llama-tiny", steps=3, train={
-    "batch_size": 2, "seq_len": 16, "warmup": 1, "eval_batches": 1, "memory_step": 1,
+    "batch_size": 2, "seq_len": 16, "warmup": 1, "eval_batches": 1, "memory_step": 2,
     "model_args": {"n_layers": 4}})
 
 

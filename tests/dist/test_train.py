@@ -46,7 +46,7 @@ def test_bsdp_summary_matches_the_plan(lm_runs) -> None:
         assert r["comm_bytes_per_step"] == wb.allreduce_payload
         assert r["peak_memory_bytes"] > wb.params + wb.grads + wb.optimizer
         rows = read_jsonl(out / "metrics" / f"rank{r['rank']}.jsonl")
-        assert [row["step"] for row in rows] == list(range(STEPS))
+        assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
         assert all(row["comm/bytes_per_step"] == wb.allreduce_payload for row in rows)
     assert summary["plan"]["mask_error"] > 0
 

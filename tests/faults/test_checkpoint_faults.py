@@ -99,7 +99,7 @@ def test_absurd_lr_names_a_finite_checkpoint_and_resuming_it_is_not_nan_at_once(
     start = read_manifest(named)["step"]
     again = _err(["train", "--resume", str(named), "--steps", "8"], capsys, code=1)
     first = read_jsonl(out / "metrics" / "rank0.jsonl")[start]
-    assert first["step"] == start and first["loss"] is not None  # finite: not NaN at once
+    assert first["step"] == start + 1 and first["loss"] is not None  # finite: not NaN at once
     assert "last good checkpoint is kept" in again
     assert _snapshot(named) == before
 
@@ -139,7 +139,7 @@ def test_two_concurrent_runs_into_one_out(tmp_path: Path,
     assert summary["steps"] == 12 and summary["config"]["seed"] == 0
     for r in range(WORLD):  # no interleaved lines of the refused run
         assert [m["step"] for m in read_jsonl(out / "metrics" / f"rank{r}.jsonl")] == list(
-            range(12))
+            range(1, 13))
     assert not (out / LOCK).exists()
 
 
@@ -163,7 +163,7 @@ def test_an_out_with_an_earlier_run_is_refused_unless_overwrite(
     assert _snapshot(run) == before
     assert main(["train", *TINY, "--steps", "2", "--out", str(run), "--overwrite"]) == 0
     for r in range(WORLD):  # replaced, not appended to
-        assert [m["step"] for m in read_jsonl(run / "metrics" / f"rank{r}.jsonl")] == [0, 1]
+        assert [m["step"] for m in read_jsonl(run / "metrics" / f"rank{r}.jsonl")] == [1, 2]
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
 
 

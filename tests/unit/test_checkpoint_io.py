@@ -154,11 +154,11 @@ def test_resume_config_keeps_the_runs_own(tmp_path: Path) -> None:
 
 def test_truncate_metrics(tmp_path: Path) -> None:
     path = tmp_path / "rank0.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in range(5))
-                    + '{"step": 5, "lo')  # a torn last line from a killed run
-    kept = truncate_metrics(path, 3)
-    assert [r["step"] for r in kept] == [0, 1, 2]
-    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2]
+    path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in range(1, 6))
+                    + '{"step": 6, "lo')  # a torn last line from a killed run
+    kept = truncate_metrics(path, 3)  # resuming after 3 steps: steps 1..3 stay
+    assert [r["step"] for r in kept] == [1, 2, 3]
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
 
 
 class _Net(nn.Module):

@@ -26,14 +26,14 @@ def test_flattened() -> None:
 
 def test_run_curves_and_value_at_time(tmp_path: Path) -> None:
     (tmp_path / "metrics").mkdir()
-    recs = [{"step": s, "loss": 5.0 - s, "time/step_s": 2.0} for s in range(4)]
+    recs = [{"step": s, "loss": 5.0 - s, "time/step_s": 2.0} for s in range(1, 5)]
     (tmp_path / "metrics" / "rank0.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
-    # a periodic validation after step 1 (--eval-every: metrics/val.jsonl)
-    (tmp_path / "metrics" / "val.jsonl").write_text(json.dumps({"step": 1, "val_loss": 4.5}))
+    # a periodic validation after step 2 (--eval-every: metrics/val.jsonl)
+    (tmp_path / "metrics" / "val.jsonl").write_text(json.dumps({"step": 2, "val_loss": 4.5}))
     c = run_curves(tmp_path)
-    assert c["train"] == [(0, 2.0, 5.0), (1, 4.0, 4.0), (2, 6.0, 3.0), (3, 8.0, 2.0)]
-    assert c["val"] == [(1, 4.0, 4.5)]
-    assert value_at_time(c["train"], 6.5) == 3.0 and value_at_time(c["train"], 100) == 2.0
+    assert c["train"] == [(1, 2.0, 4.0), (2, 4.0, 3.0), (3, 6.0, 2.0), (4, 8.0, 1.0)]
+    assert c["val"] == [(2, 4.0, 4.5)]
+    assert value_at_time(c["train"], 6.5) == 2.0 and value_at_time(c["train"], 100) == 1.0
     assert value_at_time(c["train"], 1.0) != value_at_time(c["train"], 1.0)  # NaN: none yet
 
 

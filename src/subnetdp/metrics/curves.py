@@ -20,7 +20,7 @@ def run_curves(run: Path) -> dict[str, list[tuple[int, float]]]:
     val = read_jsonl(val_jsonl_path(run)) if val_jsonl_path(run).exists() else []
 
     def series(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
-        return [(int(r["step"]) + 1, float(r[key])) for r in records if r.get(key) is not None]
+        return [(int(r["step"]), float(r[key])) for r in records if r.get(key) is not None]
 
     # runs from before the all-rank loss existed: rank 0's own
     train_key = GLOBAL_AVG_LOSS if any(GLOBAL_AVG_LOSS in r for r in rows) else "loss"

@@ -63,7 +63,8 @@ class JsonlSink:
         self._f: IO[str] | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """Write ``{"step": step, "time": <unix seconds>, **metrics}`` as one line."""
+        """Write ``{"step": step, "time": <unix seconds>, **metrics}`` as one line (``step``:
+        the steps done, counted from 1 as on the console and in every sink)."""
         if self._f is None:
             raise ValueError(f"JsonlSink({self.path}) is closed; create a new sink to log again")
         record = {"step": int(step), "time": time.time(), **metrics}

@@ -15,7 +15,9 @@ One meaning per name, in ``metrics/rank<r>.jsonl``, the sinks and ``summary.json
 - ``val_loss`` (``val_ppl``, ``val_accuracy``): the assembled full model on the validation set,
   every ``--eval-every`` steps and at the end.
 
-The sinks see only numbers, on rank 0, at log steps ([Note: log steps] in train/trainer.py).
+Steps are counted from 1 (torchtitan) in the JSONL files, the sinks, the console and ``plot``:
+step N is the line written after N steps. The sinks see only numbers, on rank 0, at log steps
+([Note: log steps] in train/trainer.py).
 They are optional extras: a missing package is refused before any worker starts
 (``check_sinks``). W&B runs offline unless ``WANDB_MODE`` says otherwise, so a run never needs
 the network; ``wandb sync`` uploads it later.

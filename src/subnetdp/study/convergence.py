@@ -85,9 +85,9 @@ CONVERGENCE = _suite(
 # and a check that the whole pipeline runs, not a result.
 SMOKE = _suite(
     "convergence-quick", llama_steps=3, resnet_steps=3, overfit_steps=3,
-    llama={"batch_size": 2, "seq_len": 16, "warmup": 1, "eval_batches": 1, "memory_step": 1,
+    llama={"batch_size": 2, "seq_len": 16, "warmup": 1, "eval_batches": 1, "memory_step": 2,
            "model_args": {"n_layers": 4, "dim": 64, "ffn_hidden": 128}},
-    image={"batch_size": 8, "model_args": {"width": 4}, "eval_batches": 2, "memory_step": 1},
+    image={"batch_size": 8, "model_args": {"width": 4}, "eval_batches": 2, "memory_step": 2},
     overfit_images=64)
 
 

@@ -54,7 +54,7 @@ class TrainConfig:
     # Losses are read (a host sync) and checked for NaN/inf (a collective) every log_every
     # steps, before every checkpoint and at the end ([Note: log steps] in train/trainer.py).
     log_every: int = 10
-    memory_step: int = 3  # measure memory on this step (after warm-up); -1 disables
+    memory_step: int = 3  # measure memory on this step (from 1; after warm-up); -1 disables
     device: str = "auto"  # auto | cpu | cuda
     bucket_cap_mb: float = 25.0
     progress: bool = True

@@ -148,11 +148,11 @@ def preflight_resume(cfg: TrainConfig) -> None:
 
 
 def truncate_metrics(path: Path, start: int) -> list[dict[str, Any]]:
-    """Keep the metrics lines of steps before ``start`` (the steps about to be replayed are
-    written again) and return them."""
+    """Keep the metrics lines of the first ``start`` steps (steps count from 1; the steps
+    about to be replayed are written again) and return them."""
     if not path.exists():
         return []
-    kept = [r for r in read_jsonl(path) if int(r.get("step", -1)) < start]
+    kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= start]
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for r in kept:

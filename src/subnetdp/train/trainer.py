@@ -202,12 +202,12 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                       config=cfg.to_dict(), enabled=rank == 0)
     loop_start = time.perf_counter()
     with JsonlSink(rank_jsonl_path(out, rank)) as sink:
-        for step in range(start, cfg.steps):
+        for done in range(start + 1, cfg.steps + 1):  # steps are counted from 1 (torchtitan)
             batch = to_device(next(batches), device)
             lr = sched.get_last_lr()[0]  # the rate this step uses
             sent_before, refreshed_before = comm.total_bytes, comm.total_refresh_bytes
             t0 = time.perf_counter()
-            if step == cfg.memory_step:
+            if done == cfg.memory_step:
                 (loss, norm), report = measure_step_memory(
                     partial(train_step, model, opt, sched, task, batch, cfg.grad_clip or 0.0),
                     modules=model.tracked_modules(), optimizers=[opt],
@@ -219,21 +219,20 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                 loss, norm = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0)
             dt = time.perf_counter() - t0
             # A segment too short for a warm-up (a resume near the end) times every step.
-            warm = step - start >= WARMUP_STEPS or cfg.steps - start <= WARMUP_STEPS
-            if warm and step != cfg.memory_step:
+            warm = done - start > WARMUP_STEPS or cfg.steps - start <= WARMUP_STEPS
+            if warm and done != cfg.memory_step:
                 times.append(dt)
             step_bytes.append(comm.total_bytes - sent_before)
             refresh_bytes.append(comm.total_refresh_bytes - refreshed_before)
             tps = task.items_per_batch / dt
             if device.type == "cuda":  # the allocator's counter: no sync
                 max_active = torch.cuda.max_memory_allocated(device) / 2**30
-            window.add(step, loss, norm, {
+            window.add(done, loss, norm, {
                 "lr": lr, "time/step_s": dt, "throughput(tps)": tps,
                 **({MFU: 100 * flops / dt / peak} if flops is not None and peak else {}),
                 **({MAX_ACTIVE: max_active} if max_active is not None else {}),
                 "comm/bytes_per_step": step_bytes[-1],
                 "comm/refresh_bytes_per_step": refresh_bytes[-1]})
-            done = step + 1
             due = ckpt.due(done)
             if due or done % cfg.log_every == 0 or done == cfg.steps:
                 losses += window.flush(sink, out, tracker, state_finite(model, opt))
@@ -243,14 +242,14 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                     ckpt.save(done)
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 with slow_phase(cfg.collective_timeout):  # peers wait while rank 0 evaluates
-                    _log_evaluation(step, _evaluate(model, recipe, task, device, overrides,
+                    _log_evaluation(done, _evaluate(model, recipe, task, device, overrides,
                                                     rank), val_sink, tracker)
             stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
         progress.close()
         train_time = time.perf_counter() - loop_start
         set_timeout(slow_timeout(cfg.collective_timeout))  # peers wait while rank 0 evaluates
         evaluation = _evaluate(model, recipe, task, device, overrides, rank)  # the summary's
-        _log_evaluation(cfg.steps - 1, evaluation, val_sink, tracker)
+        _log_evaluation(cfg.steps, evaluation, val_sink, tracker)
     tracker.close()
     if val_sink is not None:
         val_sink.close()
