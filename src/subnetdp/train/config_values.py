@@ -40,11 +40,11 @@ def check_field_values(values: dict[str, Any], *, where: str,
         try:
             out[name] = _typed(value, types_[name])
         except TypeError as e:
-            example = _example(e.args[0], e.args[1], _meant(value, defaults[name]), syntax)
+            kind, item = e.args
+            example = _example(kind, item, _meant(value, defaults[name]), syntax)
             sep = " = " if syntax == "toml" else '": '
             key = name if syntax == "toml" else f'"{name}'
-            what = _WHAT[e.args[1] if e.args[0] is list else e.args[0]]
-            what = f"a list of {_PLURAL[e.args[1]]}" if e.args[0] is list else what
+            what = f"a list of {_PLURAL[item]}" if kind is list else _WHAT[kind]
             raise ValueError(f"{where}: {name} = {_show(value)} is not {what}; "
                              f"write {key}{sep}{example}") from None
     return out
@@ -117,5 +117,5 @@ def _example(origin: type, item: type | None, default: Any, syntax: str) -> str:
 
 
 _WHAT = {bool: "true or false", int: "a whole number", float: "a number", str: "a string",
-         list: "a list", dict: "a table of model arguments"}
+         dict: "a table of model arguments"}
 _PLURAL = {str: "strings", float: "numbers"}
