@@ -43,7 +43,6 @@ def downstream(path: str | Path, tasks: list[str], *, limit: int | None = None,
 def run_downstream(args: argparse.Namespace) -> int:
     from subnetdp.evals import EvalDataMissingError, LmEvalMissingError, format_table
     from subnetdp.evals.tasks import parse_tasks
-
     from subnetdp.train.device import device_name
 
     try:
