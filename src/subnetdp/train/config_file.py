@@ -39,8 +39,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"--config {p} cannot be read ({e})") from None
     where = f"--config {p}"
     if p.suffix == ".toml":
-        values = check_field_values(_known(_toml_options(_toml(text, p), where), where),
-                                    where=where)
+        options = _known(_toml_options(_toml(text, p), where), where, toml=True)
+        values = check_field_values(options, where=where)
         # a hand-written file is in today's words unless it names its version
         return _upgraded(values, where) if "config_version" in values else values
     if p.suffix != ".json":
@@ -53,8 +53,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         data = data["config"]
     if not isinstance(data, dict):
         raise ValueError(f"--config {p} must hold a JSON object of train options")
-    values = _upgraded(check_field_values(_known(data, where), where=where, syntax="json"),
-                       where)
+    options = _known(data, where, toml=False)
+    values = _upgraded(check_field_values(options, where=where, syntax="json"), where)
     for name in REPLAY_DROPPED:
         values.pop(name, None)
     return values
@@ -85,17 +85,19 @@ def _toml_options(data: dict[str, Any], where: str) -> dict[str, Any]:
     return {**top, **train}
 
 
-def _known(data: dict[str, Any], where: str) -> dict[str, Any]:
+def _known(data: dict[str, Any], where: str, *, toml: bool) -> dict[str, Any]:
     """``data`` with ``-`` in its keys read as ``_``; an unknown key is refused."""
     values = {_key(k): v for k, v in data.items()}
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     for key in sorted(set(values) - set(names)):
-        what = f"table [{key}]" if isinstance(values[key], dict) else f"option {key!r}"
-        near = difflib.get_close_matches(key, [*names, "train"], n=1)
+        table = toml and isinstance(values[key], dict)
+        what = f"table [{key}]" if table else f"option {key!r}"
+        near = difflib.get_close_matches(key, [*names, "train"] if table else names, n=1)
         hint = f"did you mean {near[0]!r}?" if near else "see `subnetdp train --help`"
+        layout = (" at the top level or in [train], and [model_args]" if toml else
+                  ", as a run's config.json records them")
         raise ValueError(f"{where}: unknown {what} ({hint}); the keys are `subnetdp train` "
-                         "options (batch-size, strategy, ...) at the top level or in [train], "
-                         "and [model_args]")
+                         f"options (batch-size, strategy, ...){layout}")
     return values
 
 
