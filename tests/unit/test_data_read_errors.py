@@ -90,3 +90,10 @@ def test_data_dir_files_are_named(tmp_path: Path, capsys) -> None:
     (data / "b.jsonl").write_text('{"text": "a"}\n{oops\n')
     err = _train(capsys, tmp_path, "--data-dir", str(data))
     assert f"{data / 'b.jsonl'}:2: not a line of JSON" in err
+
+
+def test_a_missing_text_field_names_the_files(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "docs.jsonl"
+    f.write_text('{"body": "hello"}\n')
+    err = _train(capsys, tmp_path, "--dataset", "json", "--data-files", str(f))
+    assert f"{f}: no field 'text' (fields: body); pass --text-field NAME" in err

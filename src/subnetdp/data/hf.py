@@ -67,9 +67,10 @@ def hf_documents(dataset: str | None, data_files: list[str], *, text_field: str 
     else:
         builder = dataset or _builder([f.path for f in files])
         ds = _load(datasets, builder, [f.path for f in files])
+    source = dataset if dataset is not None and not data_files else ", ".join(data_files)
     if text_field not in ds.column_names:
-        raise ValueError(f"the dataset has no field {text_field!r} (fields: "
-                         f"{', '.join(ds.column_names)}); pass --text-field NAME")
+        raise DataFormatError(f"{source}: no field {text_field!r} (fields: "
+                              f"{', '.join(ds.column_names)}); pass --text-field NAME")
     docs = []
     for i, text in enumerate(ds[text_field]):
         if isinstance(text, str) and text.strip():
@@ -77,8 +78,8 @@ def hf_documents(dataset: str | None, data_files: list[str], *, text_field: str 
             if max_docs is not None and len(docs) >= max_docs:
                 break
     if not docs:
-        raise DataFormatError(f"{dataset or ', '.join(data_files)}: no row has a non-empty "
-                              f"{text_field!r}; give documents, or --text-field NAME")
+        raise DataFormatError(f"{source}: no row has a non-empty {text_field!r}; give "
+                              "documents, or --text-field NAME")
     return docs
 
 
