@@ -3,6 +3,7 @@ version of a run's config.json, and a replay that never carries overwrite or res
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import types
@@ -13,11 +14,18 @@ from typing import Any
 import pytest
 
 from subnetdp.cli import main
-from subnetdp.commands.train_cmd import config_from_args
+from subnetdp.commands.train_cmd import add_parser, config_from_args
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.config_file import load_config_file
 from subnetdp.train.rundir import check_fresh
-from tests.unit.test_tracking import _args
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", *argv])
+    args.argv = argv
+    return args
 
 
 @pytest.fixture
