@@ -112,7 +112,7 @@ class TrainConfig:
     text_field: str = "text"
     # 2: the shared precision words (strategy.DTYPES); configs without it are version 1, whose
     # dtype "bf16" meant bf16 compute with fp32 master state (now "bf16-mixed")
-    config_version: int = 2  # CONFIG_VERSION
+    config_version: int = 2
 
     def resolved(self) -> TrainConfig:
         """A copy with every None filled from the recipe's defaults, validated."""

@@ -56,9 +56,14 @@ def _typed(value: Any, hint: Any) -> Any:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
         if value is None and type(None) in args:
             return None
-        (hint,) = [a for a in args if a is not type(None)]
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:  # a union of several kinds: TrainConfig decodes it itself
+            return value
+        hint = rest[0]
         args = typing.get_args(hint)
     origin = typing.get_origin(hint) or hint
+    if origin not in _WHAT and origin is not list:  # a value type TrainConfig decodes itself
+        return value
     if origin is bool and isinstance(value, bool):
         return value
     if origin is int and isinstance(value, int) and not isinstance(value, bool):
@@ -108,7 +113,7 @@ def _example(origin: type, item: type | None, default: Any, syntax: str) -> str:
         value: Any = default
     else:
         value = {int: 6, float: 0.5, str: "text", dict: {"width": 16},
-                 list: ["corpus.jsonl"] if item is str else [1.0, 0.5]}[origin]
+                 list: {str: ["corpus.jsonl"], int: [1, 2]}.get(item, [1.0, 0.5])}[origin]
     if syntax == "json" or not isinstance(value, dict):
         text = json.dumps(value)
     else:
@@ -118,4 +123,4 @@ def _example(origin: type, item: type | None, default: Any, syntax: str) -> str:
 
 _WHAT = {bool: "true or false", int: "a whole number", float: "a number", str: "a string",
          dict: "a table of model arguments"}
-_PLURAL = {str: "strings", float: "numbers"}
+_PLURAL = {str: "strings", int: "whole numbers", float: "numbers"}
