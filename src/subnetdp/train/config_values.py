@@ -112,8 +112,9 @@ def _example(origin: type, item: type | None, default: Any, syntax: str) -> str:
     if isinstance(default, origin) and not isinstance(default, bool) and default != "":
         value: Any = default
     else:
+        items: dict[Any, list[Any]] = {str: ["corpus.jsonl"], int: [1, 2]}
         value = {int: 6, float: 0.5, str: "text", dict: {"width": 16},
-                 list: {str: ["corpus.jsonl"], int: [1, 2]}.get(item, [1.0, 0.5])}[origin]
+                 list: items.get(item, [1.0, 0.5])}[origin]
     if syntax == "json" or not isinstance(value, dict):
         text = json.dumps(value)
     else:
