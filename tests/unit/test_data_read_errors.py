@@ -29,11 +29,17 @@ def _train(capsys: pytest.CaptureFixture[str], tmp_path: Path, *source: str) -> 
 
 
 def test_empty_parquet_shard_is_one_line(tmp_path: Path, capsys) -> None:
-    """The issue's reproduction: an empty parquet shard (53 lines of `datasets` on 40e75c9)."""
-    empty = tmp_path / "shard-00001.parquet"
-    empty.write_bytes(b"")
-    err = _train(capsys, tmp_path, "--dataset", "parquet", "--data-files", str(empty))
-    assert err.startswith(f"subnetdp train: {empty} cannot be read as parquet (")
+    """The issue's reproduction: an empty parquet shard, one without rows (55 lines of
+    `datasets` traceback on 40e75c9) or of 0 bytes (a log line and a message without the
+    file)."""
+    shard = tmp_path / "shard-00001.parquet"
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), shard)
+    err = _train(capsys, tmp_path, "--dataset", "parquet", "--data-files", str(shard))
+    assert err == f"subnetdp train: {shard}: no parquet file holds a row; give files that " \
+                  "hold documents\n"
+    shard.write_bytes(b"")
+    err = _train(capsys, tmp_path, "--dataset", "parquet", "--data-files", str(shard))
+    assert err.startswith(f"subnetdp train: {shard} cannot be read as parquet (")
 
 
 @pytest.mark.parametrize(("builder", "name", "text"), [
@@ -77,7 +83,7 @@ def test_zero_row_parquet_shards(tmp_path: Path, capsys) -> None:
     docs = hf_documents("parquet", [str(full), str(empty)])
     assert [d.text for d in docs] == ["one doc", "two docs"]
     err = _train(capsys, tmp_path, "--dataset", "parquet", "--data-files", str(empty))
-    assert "every parquet file is empty" in err
+    assert f"{empty}: no parquet file holds a row" in err
 
 
 def test_data_dir_files_are_named(tmp_path: Path, capsys) -> None:

@@ -87,10 +87,10 @@ def _load(datasets: Any, builder: str, paths: list[Path]) -> Any:
     """``paths`` through ``builder``; a file it cannot read is named (each file is tried alone
     when the whole load fails: ``datasets`` does not say which one it was)."""
     if builder == "parquet":  # datasets fails on a shard without rows; it holds no text anyway
-        paths = [p for p in paths if _parquet_rows(p)]
+        given, paths = paths, [p for p in paths if _parquet_rows(p)]
         if not paths:
-            raise DataFormatError("--data-files: every parquet file is empty (no rows); give "
-                                  "files that hold documents")
+            raise DataFormatError(f"{', '.join(map(str, given))}: no parquet file holds a row; "
+                                  "give files that hold documents")
     # its errors are reported here, in one line; its progress bars would garble that line
     level = datasets.logging.get_verbosity()
     bars = not datasets.are_progress_bars_disabled()
