@@ -264,7 +264,9 @@ def upgrade_config(d: dict[str, Any]) -> dict[str, Any]:
             d["dtype"] = "bf16-mixed"
         d["config_version"] = CONFIG_VERSION
     elif version != CONFIG_VERSION:
+        why = ("it was written by a newer subnetdp; upgrade subnetdp to use it"
+               if isinstance(version, int) and version > CONFIG_VERSION else
+               "drop it to read the file as version 1")
         raise ValueError(f"config_version {version!r} is not one this subnetdp reads (1 to "
-                         f"{CONFIG_VERSION}): it was written by a newer subnetdp; upgrade "
-                         "subnetdp to use it")
+                         f"{CONFIG_VERSION}): {why}")
     return d
