@@ -22,31 +22,35 @@ def is_hf_folder(path: Path) -> bool:
         return False
 
 
-def downstream(path: str | Path, tasks: list[str], *, limit: int | None = None
-               ) -> dict[str, Any]:
-    """Evaluate an HF folder as is, or a run/checkpoint exported to a temporary folder."""
+def downstream(path: str | Path, tasks: list[str], *, limit: int | None = None,
+               device: str = "cpu") -> dict[str, Any]:
+    """Evaluate an HF folder as is, or a run/checkpoint exported to a temporary folder, on
+    ``device`` (cpu or cuda)."""
     from subnetdp.evals import evaluate_downstream
     from subnetdp.evals.tasks import data_root
     from subnetdp.hf import export_hf
 
     p = Path(path)
     if is_hf_folder(p):
-        return evaluate_downstream(p, tasks, limit=limit)
+        return evaluate_downstream(p, tasks, limit=limit, device=device)
     data_root()  # a missing data package is reported before the export
     with tempfile.TemporaryDirectory(prefix="subnetdp-eval-") as tmp:
         info = export_hf(p, Path(tmp) / "hf")
-        result = evaluate_downstream(info["out"], tasks, limit=limit)
+        result = evaluate_downstream(info["out"], tasks, limit=limit, device=device)
     return result | {"model": str(p), "checkpoint": info["checkpoint"], "step": info["step"]}
 
 
 def run_downstream(args: argparse.Namespace) -> int:
     from subnetdp.evals import EvalDataMissingError, LmEvalMissingError, format_table
     from subnetdp.evals.tasks import parse_tasks
+    from subnetdp.train.device import device_name
 
     try:
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
-        result = downstream(args.path, parse_tasks(args.tasks), limit=args.limit)
+        device = device_name(args.device or "cpu")  # an HF folder records no device of its own
+        result = downstream(args.path, parse_tasks(args.tasks), limit=args.limit,
+                            device=device)
     except (EvalDataMissingError, LmEvalMissingError, ValueError, OSError) as e:
         print(f"subnetdp eval: {e}", file=sys.stderr)
         return 2

@@ -27,8 +27,8 @@ def add_parser(subparsers: Any) -> None:
                    help="validation batches (default: the run's own --eval-batches)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
-                   help="where to evaluate (default: the run's own --device; auto = CUDA "
-                        "when available)")
+                   help="where to evaluate (default: the run's own --device, cpu with "
+                        "--tasks; auto = CUDA when available)")
     p.add_argument("--tasks", default=None,
                    help="downstream tasks instead of validation loss, comma-separated: "
                         "arc_easy,boolq,hellaswag,openbookqa,sciq (path may also be an "
@@ -78,7 +78,7 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
                   device: str | None = None) -> dict[str, float]:
     from subnetdp.models import get_recipe
     from subnetdp.train.config import TrainConfig
-    from subnetdp.train.device import run_device
+    from subnetdp.train.device import device_name, run_device
     from subnetdp.train.tasks import make_task
 
     state, info = load_model_state(path)
@@ -89,6 +89,7 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
         cfg.eval_batches = eval_batches
     if device is not None:
         cfg.device = device
+    device_name(cfg.device)  # the run's own cuda, evaluated where there is none: one line
     dev = run_device(cfg)
     model = get_recipe(info["recipe"]).build_model(**info["model_overrides"])
     model.load_state_dict(state)
@@ -104,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
 
         return run_downstream(args)
     try:
+        if args.device is not None:
+            from subnetdp.train.device import device_name
+
+            device_name(args.device)  # --device cuda without CUDA: refused before any work
         result = evaluate_path(args.path, eval_batches=args.eval_batches, device=args.device)
     except (ValueError, OSError, DatasetMissingError) as e:
         print(f"subnetdp eval: {e}", file=sys.stderr)

@@ -36,6 +36,7 @@ def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str
     anything is written, so a refused export leaves ``out`` as it was."""
     from safetensors.torch import save_file
 
+    from subnetdp.filemode import share
     from subnetdp.train.ckpt_io import (
         assemble_full_state,
         read_manifest,
@@ -64,6 +65,7 @@ def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         save_file(state, str(tmp), metadata=metadata)
+        share(tmp)  # safetensors writes 0600 whatever the umask
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, out)

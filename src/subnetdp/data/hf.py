@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from subnetdp.data.images import DataFormatError
 from subnetdp.data.locate import DatasetMissingError
+from subnetdp.data.reading import reading, reason
 from subnetdp.data.text import CorpusFile, Document, corpus_files
 from subnetdp.data.tokenizer import cache_dir
 
@@ -56,25 +58,67 @@ def hf_documents(dataset: str | None, data_files: list[str], *, text_field: str 
         raise DatasetMissingError(f"--dataset/--data-files need Hugging Face datasets: "
                                   f"`{_INSTALL}`") from None
     ds: Any
-    cache = str(cache_dir() / "hf-datasets")
     if dataset is not None and Path(dataset).expanduser().is_dir() and not data_files:
-        ds = datasets.load_from_disk(str(Path(dataset).expanduser()))
+        folder = Path(dataset).expanduser()
+        with reading(folder, "a dataset saved with save_to_disk"):
+            ds = datasets.load_from_disk(str(folder))
         if isinstance(ds, datasets.DatasetDict):
             ds = ds["train"]
     else:
         builder = dataset or _builder([f.path for f in files])
-        ds = datasets.load_dataset(builder, data_files=[str(f.path) for f in files],
-                                   split="train", cache_dir=cache)
+        ds = _load(datasets, builder, [f.path for f in files])
+    source = dataset if dataset is not None and not data_files else ", ".join(data_files)
     if text_field not in ds.column_names:
-        raise ValueError(f"the dataset has no field {text_field!r} (fields: "
-                         f"{', '.join(ds.column_names)}); pass --text-field NAME")
+        raise DataFormatError(f"{source}: no field {text_field!r} (fields: "
+                              f"{', '.join(ds.column_names)}); pass --text-field NAME")
     docs = []
     for i, text in enumerate(ds[text_field]):
         if isinstance(text, str) and text.strip():
             docs.append(Document(f"hf:{i}", text))
             if max_docs is not None and len(docs) >= max_docs:
                 break
+    if not docs:
+        raise DataFormatError(f"{source}: no row has a non-empty {text_field!r}; give "
+                              "documents, or --text-field NAME")
     return docs
+
+
+def _load(datasets: Any, builder: str, paths: list[Path]) -> Any:
+    """``paths`` through ``builder``; a file it cannot read is named (each file is tried alone
+    when the whole load fails: ``datasets`` does not say which one it was)."""
+    if builder == "parquet":  # datasets fails on a shard without rows; it holds no text anyway
+        given, paths = paths, [p for p in paths if _parquet_rows(p)]
+        if not paths:
+            raise DataFormatError(f"{', '.join(map(str, given))}: no parquet file holds a row; "
+                                  "give files that hold documents")
+    # its errors are reported here, in one line; its progress bars would garble that line
+    level = datasets.logging.get_verbosity()
+    bars = not datasets.are_progress_bars_disabled()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(builder, data_files=[str(p) for p in paths], split="train",
+                                     cache_dir=str(cache_dir() / "hf-datasets"))
+    except Exception as whole:  # the boundary: which file, and why
+        for p in paths:
+            with reading(p, builder):
+                datasets.load_dataset(builder, data_files=[str(p)], split="train",
+                                      cache_dir=str(cache_dir() / "hf-datasets"))
+        names = ", ".join(str(p) for p in paths)
+        raise DataFormatError(f"--data-files {names} cannot be read together as {builder} "
+                              f"({reason(whole)}); each reads alone: make their fields "
+                              "agree") from whole
+    finally:
+        datasets.logging.set_verbosity(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _parquet_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    with reading(path, "parquet"):
+        return int(pq.read_metadata(path).num_rows)
 
 
 def _builder(paths: list[Path]) -> str:

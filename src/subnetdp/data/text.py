@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from subnetdp.data import locate
+from subnetdp.data.images import DataFormatError
 from subnetdp.data.locate import DatasetMissingError
+from subnetdp.data.reading import reading
 
 USER_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
@@ -101,10 +103,14 @@ def _jsonl_docs(cf: CorpusFile, field: str) -> Iterator[Document]:
         for i, line in enumerate(f):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataFormatError(f"{cf.path}:{i + 1}: not a line of JSON ({e.msg}, column "
+                                      f"{e.colno}); fix or remove the line") from None
             if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                raise ValueError(f"{cf.path}:{i + 1}: each JSONL line needs a string field "
-                                 f"`{field}` (--text-field names another)")
+                raise DataFormatError(f"{cf.path}:{i + 1}: each JSONL line needs a string field "
+                                      f"`{field}` (--text-field names another)")
             yield Document(f"{cf.key}:{i}", row[field])
 
 
@@ -117,7 +123,7 @@ def _parquet_docs(cf: CorpusFile, field: str) -> Iterator[Document]:
             f"to JSONL."
         ) from e
     if field not in pq.read_schema(cf.path).names:
-        raise ValueError(f"{cf.path} has no column `{field}`; pass --text-field NAME")
+        raise DataFormatError(f"{cf.path} has no column `{field}`; pass --text-field NAME")
     table = pq.read_table(cf.path, columns=[field])
     for i, text in enumerate(table.column(field).to_pylist()):
         if text is not None:
@@ -151,15 +157,16 @@ def load_documents(data_dir: str | None = None, *, max_docs: int | None = None,
     docs: list[Document] = []
     seen: set[bytes] = set()
     for cf in corpus_files(data_dir):
-        for doc in _docs_of(cf, packaged=data_dir is None, field=text_field):
-            norm = " ".join(doc.text.split())
-            digest = hashlib.sha1(norm.encode()).digest()
-            if not norm or digest in seen:
-                continue
-            seen.add(digest)
-            docs.append(doc)
-            if max_docs is not None and len(docs) >= max_docs:
-                return docs
+        with reading(cf.path, cf.path.suffix.lstrip(".").lower() or "text"):
+            for doc in _docs_of(cf, packaged=data_dir is None, field=text_field):
+                norm = " ".join(doc.text.split())
+                digest = hashlib.sha1(norm.encode()).digest()
+                if not norm or digest in seen:
+                    continue
+                seen.add(digest)
+                docs.append(doc)
+                if max_docs is not None and len(docs) >= max_docs:
+                    return docs
     return docs
 
 

@@ -32,10 +32,10 @@ def _offline() -> None:
 
 
 def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int | None = None,
-                        batch_size: int = 16) -> dict[str, Any]:
+                        batch_size: int = 16, device: str = "cpu") -> dict[str, Any]:
     """``{"tasks": {name: {acc, acc_stderr, acc_norm, acc_norm_stderr, chance, n}},
     "macro": {acc, acc_norm, chance}, "limit", "max_length", "model"}`` of the HF folder
-    ``model_dir``."""
+    ``model_dir``, evaluated on ``device`` (a torch device name: cpu, cuda)."""
     root = data_root()  # a missing data package is reported before anything loads
     configs = [lm_eval_config(t, root) for t in tasks]
     _offline()
@@ -55,7 +55,7 @@ def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int |
     transformers.logging.set_verbosity_error()
     trained = json.loads((Path(model_dir) / "config.json").read_text())
     max_length = max(int(trained.get("max_position_embeddings", MIN_LENGTH)), MIN_LENGTH)
-    lm = HFLM(pretrained=str(model_dir), device="cpu", batch_size=batch_size,
+    lm = HFLM(pretrained=str(model_dir), device=device, batch_size=batch_size,
               dtype=torch.float32, max_length=max_length)
     out = lm_eval.simple_evaluate(
         model=lm, tasks=configs, limit=limit, log_samples=True,

@@ -28,6 +28,7 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     from tokenizers import Tokenizer
 
     from subnetdp.data.tokenizer import EOT
+    from subnetdp.filemode import share
     from subnetdp.hf.llama import hf_config, to_hf_state
     from subnetdp.hf.tokenizer import hf_tokenizer_files, run_tokenizer
     from subnetdp.models import get_recipe
@@ -72,6 +73,7 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     try:
         # "format": "pt" is what transformers expects of a PyTorch safetensors file
         save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        share(staging / "model.safetensors")  # safetensors writes 0600 whatever the umask
         for name, text in files.items():
             (staging / name).write_text(text + "\n")
         if out.exists():

@@ -17,6 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from subnetdp.filemode import FILE_MODE
+
 __all__ = [
     "COMM_BYTES",
     "LOSS",
@@ -112,6 +114,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp's 0600 would hide the file from the team
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(_dumps(obj, indent=2) + "\n")
             f.flush()

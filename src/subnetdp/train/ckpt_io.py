@@ -46,6 +46,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from subnetdp.filemode import share
+
 FORMAT = "subnetdp-checkpoint"
 VERSION = 2  # 2: the manifest's own checksum ([Note: self-verifying manifests])
 MANIFEST = "manifest.json"
@@ -149,6 +151,7 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str
 ]:
     """Write one rank's file, fsync it and return its manifest entry (size, sha256)."""
     save_file(tensors, str(path), metadata=metadata)
+    share(path)  # safetensors writes 0600 whatever the umask
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}

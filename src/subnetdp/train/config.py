@@ -247,9 +247,26 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        d = dict(d)
-        if d.setdefault("config_version", 1) == 1:
-            if d.get("dtype") == "bf16":
-                d["dtype"] = "bf16-mixed"
-            d["config_version"] = 2
-        return cls(**d)
+        return cls(**upgrade_config(d))
+
+
+CONFIG_VERSION = 2
+
+
+def upgrade_config(d: dict[str, Any]) -> dict[str, Any]:
+    """A recorded configuration (config.json, a manifest, an export) in today's words: one
+    without ``config_version`` is version 1, whose dtype "bf16" meant bf16 compute with fp32
+    master state (now "bf16-mixed"); a version newer than this subnetdp knows is refused."""
+    d = dict(d)
+    version = d.setdefault("config_version", 1)
+    if version == 1:
+        if d.get("dtype") == "bf16":
+            d["dtype"] = "bf16-mixed"
+        d["config_version"] = CONFIG_VERSION
+    elif version != CONFIG_VERSION:
+        why = ("it was written by a newer subnetdp; upgrade subnetdp to use it"
+               if isinstance(version, int) and version > CONFIG_VERSION else
+               "drop it to read the file as version 1")
+        raise ValueError(f"config_version {version!r} is not one this subnetdp reads (1 to "
+                         f"{CONFIG_VERSION}): {why}")
+    return d

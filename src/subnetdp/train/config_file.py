@@ -2,51 +2,107 @@
 ``config.json`` (or ``summary.json``), under the options given on the command line.
 
 TOML keys are ``TrainConfig`` field names, with ``-`` or ``_`` (``batch-size = 8``), at the top
-level or in a ``[train]`` table; ``[model_args]`` (or ``[train.model_args]``) holds the model
-overrides. A run's ``config.json`` records every resolved option and the real world size
-(``nproc``), so ``--config runs/a/config.json --out runs/b`` replays run ``a``; its ``resume``
-is dropped (a replay trains from step 0).
+level or in a ``[train]`` table (not both for one key); ``[model_args]`` (beside ``[train]`` or
+as ``[train.model_args]``) holds the model overrides. Every value is checked against its
+field's type (train/config_values.py) and an unknown key or table is refused, naming the
+nearest option. A run's ``config.json`` records every resolved option and the real world size
+(``nproc``), so ``--config runs/a/config.json --out runs/b`` replays run ``a``: one without
+``config_version`` is read as version 1 (``upgrade_config``), and its ``resume`` and
+``overwrite`` are dropped, so a replay trains from step 0 and never deletes a folder the command
+line did not ask to replace.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from pathlib import Path
 from typing import Any
 
-from subnetdp.train.config import TrainConfig
+from subnetdp.train.config import TrainConfig, upgrade_config
+from subnetdp.train.config_values import check_field_values
+
+# What a replayed run's config must not carry: they act on a folder, not on the training
+REPLAY_DROPPED = ("resume", "overwrite")
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """The ``TrainConfig`` fields a config file sets. Raises ``ValueError`` (one line, saying
-    what to fix) for an unreadable file or an unknown key."""
+    """The ``TrainConfig`` fields a config file sets, typed. Raises ``ValueError`` (one line,
+    saying what to fix) for an unreadable file, an unknown key or table, or a wrong type."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ValueError(f"--config {p}: no such file")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--config {p} cannot be read ({e})") from None
+    where = f"--config {p}"
     if p.suffix == ".toml":
-        data = _toml(text, p)
-        data = dict(data.get("train", data))
-    elif p.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--config {p} is not valid JSON ({e})") from None
-        if isinstance(data, dict) and isinstance(data.get("config"), dict):  # a summary.json
-            data = data["config"]
-        if not isinstance(data, dict):
-            raise ValueError(f"--config {p} must hold a JSON object of train options")
-        data.pop("resume", None)
-    else:
+        options = _known(_toml_options(_toml(text, p), where), where, toml=True)
+        values = check_field_values(options, where=where)
+        # a hand-written file is in today's words unless it names its version
+        return _upgraded(values, where) if "config_version" in values else values
+    if p.suffix != ".json":
         raise ValueError(f"--config {p}: use a .toml file or a run's config.json")
-    values = {str(k).replace("-", "_"): v for k, v in data.items()}
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - fields)
-    if unknown:
-        raise ValueError(f"--config {p}: unknown option(s) {', '.join(unknown)}; the keys are "
-                         f"`subnetdp train` options, e.g. batch-size, strategy, model_args")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--config {p} is not valid JSON ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):  # a summary.json
+        data = data["config"]
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {p} must hold a JSON object of train options")
+    options = _known(data, where, toml=False)
+    values = _upgraded(check_field_values(options, where=where, syntax="json"), where)
+    for name in REPLAY_DROPPED:
+        values.pop(name, None)
     return values
+
+
+def _upgraded(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` in today's words (without ``config_version``: the current one is the
+    default)."""
+    try:
+        values = upgrade_config(values)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    del values["config_version"]
+    return values
+
+
+def _toml_options(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The options of a TOML document: its top-level keys and its ``[train]`` table's, with
+    ``[model_args]`` from either place."""
+    train = data.get("train", {})
+    if not isinstance(train, dict):
+        raise ValueError(f"{where}: train must be a [train] table of options")
+    top = {k: v for k, v in data.items() if k != "train"}
+    both = sorted(set(map(_key, top)) & set(map(_key, train)))
+    if both:
+        raise ValueError(f"{where}: {', '.join(both)} set both at the top level and in [train]; "
+                         "keep one")
+    return {**top, **train}
+
+
+def _known(data: dict[str, Any], where: str, *, toml: bool) -> dict[str, Any]:
+    """``data`` with ``-`` in its keys read as ``_``; an unknown key is refused."""
+    values = {_key(k): v for k, v in data.items()}
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    for key in sorted(set(values) - set(names)):
+        table = toml and isinstance(values[key], dict)
+        what = f"table [{key}]" if table else f"option {key!r}"
+        near = difflib.get_close_matches(key, [*names, "train"] if table else names, n=1)
+        hint = f"did you mean {near[0]!r}?" if near else "see `subnetdp train --help`"
+        layout = (" at the top level or in [train], and [model_args]" if toml else
+                  ", as a run's config.json records them")
+        raise ValueError(f"{where}: unknown {what} ({hint}); the keys are `subnetdp train` "
+                         f"options (batch-size, strategy, ...){layout}")
+    return values
+
+
+def _key(name: object) -> str:
+    return str(name).replace("-", "_")
 
 
 def _toml(text: str, path: Path) -> dict[str, Any]:

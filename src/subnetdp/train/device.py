@@ -20,6 +20,17 @@ def run_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def device_name(requested: str) -> str:
+    """``cpu`` or ``cuda`` for ``--device auto|cpu|cuda`` in this process; ``cuda`` on a
+    machine without CUDA is refused (``ValueError``) before any work."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device cuda: CUDA is not available on this machine (torch "
+                         f"{torch.__version__}); use --device cpu or auto")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
 def to_device(batch: Batch, device: torch.device) -> Batch:
     """Copy a CPU batch to ``device``. To CUDA through pinned memory, so that the copy is
     asynchronous (``non_blocking``) and the host can prepare the next step meanwhile; a

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from subnetdp.filemode import share
+
 __all__ = [
     "RunInterruptedError",
     "WorkerFailedError",
@@ -170,7 +172,7 @@ def launch(
         multiprocessing.set_forkserver_preload(
             ["__main__", "torch", "torch.distributed", getattr(fn, "__module__", "torch")])
     port = free_port()
-    logs = DefaultLogsSpecs(
+    logs = _shared_logs(DefaultLogsSpecs)(
         log_dir=log_dir,
         redirects=Std.ALL if log_dir else Std.NONE,
         tee={0: Std.OUT} if log_dir and tee_rank0 else Std.NONE,
@@ -225,6 +227,21 @@ def launch(
 
 
 SHUTDOWN_GRACE_S = 30  # SIGTERM to the workers, then SIGKILL after this many seconds
+
+
+def _shared_logs(base: type) -> type:
+    """``base`` (torch's DefaultLogsSpecs, imported with the launch) whose per-run log folder,
+    a ``mkdtemp`` (0700), gets the umask's mode: teammates read a failed run's logs."""
+
+    class SharedLogsSpecs(base):  # type: ignore[misc,valid-type]
+        def reify(self, envs: dict[int, dict[str, str]]) -> Any:
+            specs = super().reify(envs)
+            run_dir = getattr(self, "_run_log_dir", None)
+            if run_dir and os.path.isdir(run_dir):
+                share(run_dir)
+            return specs
+
+    return SharedLogsSpecs
 
 
 # [Note: why not fork]

