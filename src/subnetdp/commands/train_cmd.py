@@ -249,6 +249,14 @@ def _floats(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except (ValueError, OSError) as e:
+        print(f"subnetdp train: {e}", file=sys.stderr)
+        return 2
+    if cfg.progress and "RANK" not in os.environ:  # at once: what follows takes a while
+        print(f"{cfg.strategy} on {cfg.recipe}: {cfg.nproc} workers, {cfg.steps} steps, run "
+              f"folder {cfg.out}", flush=True)
     from subnetdp.data import DatasetMissingError
     from subnetdp.metrics.report import format_summary
     from subnetdp.train.launch import (
@@ -260,9 +268,7 @@ def run(args: argparse.Namespace) -> int:
     from subnetdp.train.run import run_training
     from subnetdp.train.signals import interrupted_message
 
-    cfg = None
     try:
-        cfg = config_from_args(args)
         summary = run_training(cfg)
     except (ValueError, OSError, DatasetMissingError) as e:
         print(f"subnetdp train: {e}", file=sys.stderr)
@@ -274,12 +280,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"subnetdp train: {e}", file=sys.stderr)
         return 1
     except RunInterruptedError as e:
-        print(f"subnetdp train: {interrupted_message(e.signal, cfg.out if cfg else None)}",
-              file=sys.stderr)
+        print(f"subnetdp train: {interrupted_message(e.signal, cfg.out)}", file=sys.stderr)
         return 130 if e.signal == "SIGINT" else 143
     except KeyboardInterrupt:  # Ctrl-C before the workers started (checks, tokenizer)
-        print(f"subnetdp train: {interrupted_message('SIGINT', cfg.out if cfg else None)}",
-              file=sys.stderr)
+        print(f"subnetdp train: {interrupted_message('SIGINT', cfg.out)}", file=sys.stderr)
         return 130
     if summary and os.environ.get("RANK", "0") == "0":  # under torchrun, one report
         print(format_summary(summary))
