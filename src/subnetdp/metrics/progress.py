@@ -140,6 +140,10 @@ _STEP_LINE = re.compile(r"^(?:\[rank 0\] )?(?P<desc>\S+) step +(?P<step>\d+)/(?P
                         r"(?: \| (?P<rest>.*))?$")
 
 
+_BAR_FORMAT = ("{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+               "[{elapsed}<{remaining}{postfix}]")
+
+
 class LiveBar:
     """The launching process's live bar on a terminal: follows rank 0's stdout file (found
     under ``log_dir`` by ``pattern``: torch elastic names it after the run and the attempt),
@@ -209,6 +213,10 @@ class LiveBar:
             if self._bar is not None:
                 self._bar.close()
             self._bar = tqdm(total=total, desc=m["desc"], file=self._stream,
-                             dynamic_ncols=True, leave=True)
-        self._bar.set_postfix_str(m["rest"] or "", refresh=False)
+                             dynamic_ncols=True, leave=True, bar_format=_BAR_FORMAT)
+        # the bar shows its own elapsed time and ETA; keep loss, lr and throughput
+        kept = [f for f in (m["rest"] or "").split(" | ")
+                if not (f.endswith("s") and f[:-1].replace(".", "").isdigit())
+                and not f.startswith("ETA")]
+        self._bar.set_postfix_str(", ".join(kept), refresh=False)
         self._bar.update(int(m["step"]) - self._bar.n)
