@@ -8,9 +8,10 @@ that sends fewer bytes per step, then to the one with the smaller peak.
 Every figure is the fake-mode estimator's (``estimate.py``), so a search costs a few estimates,
 not a sweep: memory grows with coverage, so for each SDP strategy a binary search over the k
 units per worker finds the largest coverage that fits with about log2(U) estimates. Each
-estimate is a real step under fake tensors (seconds for llama-tiny, about a minute for llama-1b
-on a loaded 2-core machine), so the search memoises them by their full spec and reports each
-one as it finishes (``Estimates``).
+estimate is a real step under fake tensors (seconds for llama-tiny; 1.5 to 3.5 minutes for
+llama-1b at 8 workers on a shared 2-core machine, at most 20 of them for every strategy), so
+the search memoises them by their full spec and reports each one as it finishes
+(``Estimates``).
 """
 
 from __future__ import annotations

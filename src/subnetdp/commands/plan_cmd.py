@@ -10,9 +10,10 @@
     subnetdp plan --nproc 4 --recipe swin-t-cifar10 --capacities 1,0.5,0.5,0.5 --out p.json
 
 ``--memory-gb`` runs fake-mode memory estimates, one real step each under fake tensors (one
-line per estimate on stderr). Measured on a shared 2-core machine: llama-tiny at 4 workers,
-12 estimates in about a minute; llama-1b at 8 workers, MEASURED; ``--strategies`` narrows the
-search.
+line per estimate on stderr). Measured on a shared, loaded 2-core machine: llama-tiny at 4
+workers, 12 estimates in about a minute; llama-1b at 8 workers, 1.5 to 3.5 minutes per
+estimate, at most 20 for all strategies (about 45 minutes), 6 for ``--strategies b-sdp,ddp``
+(14 minutes).
 
 torch is imported only where a model is built (``--recipe``, ``--memory-gb``; on the meta
 device: no memory); ``--units`` and ``--plan-file`` alone need only ``subnetdp.plan``.
@@ -110,7 +111,8 @@ def add_parser(subparsers: Any) -> None:
                              "GB/worker; one per worker (e.g. 80,40,40,40): a balanced plan "
                              "in which every rank's estimated peak fits its budget; one "
                              "fake-mode estimate per configuration tried, a line each on "
-                             "stderr (llama-1b at --nproc 8: MEASURED)")
+                             "stderr (llama-1b at --nproc 8 on 2 CPU cores: about 2 min "
+                             "each, at most 20 for all strategies)")
     budget.add_argument("--strategies", type=strategy_list, metavar="S[,S...]",
                         help="one budget: search only these, e.g. b-sdp,ddp (baselines by "
                              "name: fsdp+ac; SDP composed by --fsdp/--ac; default: all)")
