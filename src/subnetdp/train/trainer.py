@@ -248,7 +248,7 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 with slow_phase(cfg.collective_timeout):  # peers wait while rank 0 evaluates
                     evaluation = _evaluate(model, recipe, task, device, overrides, rank)
-                _log_evaluation(step, evaluation, val_sink, tracker)
+                    _log_evaluation(step, evaluation, val_sink, tracker)
                 progress.message(f"validation at step {done}/{cfg.steps}: "
                                  + _format_evaluation(evaluation))
             stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
@@ -301,7 +301,8 @@ def _log_evaluation(step: int, evaluation: dict[str, float], sink: JsonlSink | N
 
 
 def _format_evaluation(evaluation: dict[str, float]) -> str:
-    return " | ".join(f"{k} {v:.4f}" for k, v in evaluation.items())
+    return " | ".join(f"{k} {int(v)}" if float(v).is_integer() else f"{k} {v:.4f}"
+                      for k, v in evaluation.items())
 
 
 def _evaluate(
