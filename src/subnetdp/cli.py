@@ -7,6 +7,29 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+EPILOG = """\
+a first run:
+  subnetdp demo                                   ddp vs b-sdp on llama-tiny, 4 CPU workers
+  subnetdp train --recipe llama-tiny --nproc 4 --strategy b-sdp --coverage 0.5
+  subnetdp plan --recipe llama-1b --nproc 8 --memory-gb 40 --strategies b-sdp,ddp
+
+the same word means the same thing in every command: --nproc (workers), --out (what the
+command writes: a run folder, a file), --runs (a folder of runs), --plan-file (a plan read),
+--device auto|cpu|cuda. `subnetdp COMMAND --help` lists a command's options in groups."""
+
+
+def version() -> str:
+    """The installed package's version (its metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("subnetdp")
+    except PackageNotFoundError:
+        from subnetdp import __version__
+
+        return __version__
+
 
 def build_parser() -> argparse.ArgumentParser:
     from subnetdp.commands import (
@@ -21,9 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     parser = argparse.ArgumentParser(
-        prog="subnetdp", description="Subnetwork Data Parallelism for PyTorch"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+        prog="subnetdp", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Subnetwork Data Parallelism for PyTorch: each worker trains a subnetwork "
+                    "(a plan says which\nunits it holds) and every unit is averaged over its "
+                    "holders only.",
+        epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (train_cmd, plan_cmd, demo, export_cmd, eval_cmd, bench_cmd, compare_cmd,
                    plot_cmd):
         module.add_parser(sub)

@@ -7,14 +7,19 @@ that sends fewer bytes per step, then to the one with the smaller peak.
 
 Every figure is the fake-mode estimator's (``estimate.py``), so a search costs a few estimates,
 not a sweep: memory grows with coverage, so for each SDP strategy a binary search over the k
-units per worker finds the largest coverage that fits with about log2(U) estimates.
+units per worker finds the largest coverage that fits with about log2(U) estimates. Each
+estimate is a real step under fake tensors (seconds for llama-tiny; 1.5 to 3.5 minutes for
+llama-1b at 8 workers on a shared 2-core machine, at most 20 of them for every strategy), so
+the search memoises them by their full spec and reports each one as it finishes
+(``Estimates``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from subnetdp.bench.comm import analytic_comm, worst_comm
 from subnetdp.bench.estimate import estimate_memory
@@ -41,6 +46,33 @@ class Option:
 
 
 Estimator = Callable[[BenchSpec], int]
+T = TypeVar("T")
+
+
+class Estimates(Generic[T]):
+    """``fn`` (an estimator) memoised by the full spec for one search, announcing each new
+    estimate on ``log`` with its time and, once the caller sets ``left`` (an upper bound of
+    the estimates still to come), how many may remain."""
+
+    def __init__(self, fn: Callable[[BenchSpec], T],
+                 log: Callable[[str], None] | None = None) -> None:
+        self.fn = fn
+        self.log = log
+        self.known: dict[BenchSpec, T] = {}
+        self.left: int | None = None
+
+    def __call__(self, spec: BenchSpec) -> T:
+        if spec in self.known:
+            return self.known[spec]
+        t0 = time.perf_counter()
+        self.known[spec] = result = self.fn(spec)
+        if self.left is not None:
+            self.left = max(0, self.left - 1)
+        if self.log is not None:
+            more = "" if self.left is None else f", at most {self.left} more"
+            self.log(f"estimate {len(self.known)}{more}: {spec.label} on {spec.recipe}, "
+                     f"{spec.world} workers, {time.perf_counter() - t0:.1f} s")
+        return result
 
 
 def _estimate_peak(spec: BenchSpec) -> int:
@@ -60,23 +92,34 @@ def _num_units(spec: BenchSpec) -> int:
 
 def plan_budget(
     base: BenchSpec, memory_gb: float, *, strategies: tuple[str, ...] | None = None,
-    estimator: Estimator = _estimate_peak, fsdp: bool = False, ac: bool = False,
+    estimator: Estimator | None = None, fsdp: bool = False, ac: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> list[Option]:
     """Options for ``base`` (recipe, world, batch, seq, dtype), best first; each SDP strategy
     contributes its highest fitting coverage (or its lowest tried one, marked not fitting).
-    ``fsdp``/``ac`` compose the SDP strategies (baselines keep theirs: ``fsdp+ac``...)."""
+    ``fsdp``/``ac`` compose the SDP strategies (baselines keep theirs: ``fsdp+ac``...).
+    ``estimator``: the fake-mode estimator's worst-rank peak by default; ``log`` gets a line
+    before the search and one per estimate (``Estimates``)."""
     if memory_gb <= 0:
         raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
     budget = int(memory_gb * GB)
-    chosen = strategies or (*BASELINES, *SDP_NAMES)
-    options: list[Option] = []
+    chosen = tuple(dict.fromkeys(strategies or (*BASELINES, *SDP_NAMES)))
+    searches: list[tuple[BenchSpec, tuple[int, int, int] | None]] = []
     for strategy in chosen:
         spec = base.replace(strategy=strategy, coverage=1.0)
-        if not spec.is_sdp:
-            options.append(_option(spec, estimator(spec), budget))
-        else:
-            spec = spec.replace(fsdp=fsdp, ac=ac)
-            options.append(_best_coverage(spec, budget, estimator))
+        searches.append((spec, None) if not spec.is_sdp else
+                        (spec.replace(fsdp=fsdp, ac=ac), _k_range(spec)))
+    # a binary search over n values of k probes at most n.bit_length() of them
+    bounds = [1 if r is None else max(1, (r[2] - r[1] + 1).bit_length()) for _, r in searches]
+    estimates = Estimates(estimator or _estimate_peak, log)
+    if log is not None:
+        log(f"searching {len(chosen)} strategies for {base.recipe} at {base.world} workers: "
+            f"at most {sum(bounds)} fake-mode estimates")
+    options: list[Option] = []
+    for i, (spec, k_range) in enumerate(searches):
+        estimates.left = sum(bounds[i:])
+        options.append(_option(spec, estimates(spec), budget) if k_range is None else
+                       _best_coverage(spec, k_range, budget, estimates))
     return sorted(options, key=lambda o: (not o.fits, -o.spec.coverage, o.comm_ring_bytes,
                                           o.peak_bytes))
 
@@ -86,20 +129,25 @@ def _option(spec: BenchSpec, peak: int, budget: int) -> Option:
     return Option(spec, peak, ring, peak <= budget)
 
 
-def _best_coverage(spec: BenchSpec, budget: int, estimator: Estimator) -> Option:
-    """Binary search for the largest k (units per worker, k/U coverage) whose peak fits."""
+def _k_range(spec: BenchSpec) -> tuple[int, int, int]:
+    """(U, the smallest k, the largest k) of the coverage search: below the smallest some
+    unit has no holder, or the spread plan cannot be connected."""
     from subnetdp.plan import min_units_per_worker
 
     units = _num_units(spec)
-    # below this k some unit has no holder, or the spread plan cannot be connected
-    lo = min_units_per_worker(spec.world, units, connected=True)
-    hi = units  # invariant: every k < lo fits (or is impossible), every k > hi does not
-    peaks: dict[int, int] = {}
+    return units, min_units_per_worker(spec.world, units, connected=True), units
+
+
+def _best_coverage(spec: BenchSpec, k_range: tuple[int, int, int], budget: int,
+                   estimator: Estimator) -> Option:
+    """Binary search for the largest k (units per worker, k/U coverage) whose peak fits;
+    ``estimator`` memoises (``Estimates``), so the answer's k is not estimated twice."""
+    units, lo, hi = k_range
+    first = lo
+    # invariant: every k < lo fits (or is impossible), every k > hi does not
 
     def peak(k: int) -> int:
-        if k not in peaks:
-            peaks[k] = estimator(spec.replace(coverage=k / units))
-        return peaks[k]
+        return estimator(spec.replace(coverage=k / units))
 
     best = 0
     while lo <= hi:
@@ -108,7 +156,7 @@ def _best_coverage(spec: BenchSpec, budget: int, estimator: Estimator) -> Option
             best, lo = mid, mid + 1
         else:
             hi = mid - 1
-    k = best or min_units_per_worker(spec.world, units, connected=True)
+    k = best or first
     return _option(spec.replace(coverage=k / units), peak(k), budget)
 
 

@@ -24,10 +24,13 @@ import sys
 from typing import Any
 
 from subnetdp.commands.options import (
+    HelpFormatter,
     add_batch_arguments,
     add_composition_arguments,
+    add_device_argument,
     add_dtype_argument,
     add_model_arg_argument,
+    add_nproc_argument,
     add_recipe_argument,
     add_strategy_argument,
     parse_model_arg,
@@ -37,11 +40,15 @@ from subnetdp.commands.options import (
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="memory estimate, communication, step time",
-                              description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("what", choices=["memory", "comm", "step", "all"])
+                              description=__doc__.split("\n\n")[0] if __doc__ else None,
+                              formatter_class=HelpFormatter)
+    p.add_argument("what", choices=["memory", "comm", "step", "all"],
+                   help="memory: the fake-mode peak estimate; comm: bytes per step "
+                        "(analytic); step: measured step time with real workers; all: memory "
+                        "and comm of every strategy")
     add_recipe_argument(p, default="llama-tiny", help="a language-model recipe (default "
                                                       "%(default)s)")
-    p.add_argument("--world", type=int, default=8, help="number of workers")
+    add_nproc_argument(p, default=8, help="number of workers")
     add_strategy_argument(p, default="b-sdp", labels=True)
     p.add_argument("--strategies", type=strategy_list,
                    help="step/all: comma-separated, as --strategy (default: all of them)")
@@ -52,7 +59,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=10, help="step: timed steps after warm-up")
     p.add_argument("--warmup", type=int, default=3,
                    help="step: warm-up steps (>= 3; the last one is the memory step)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="step: device")
+    add_device_argument(p, default="cpu", help="step: where the workers run")
     add_model_arg_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -119,7 +126,12 @@ def _step(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from subnetdp.bench.step import run_step_bench
 
     specs = [_spec(args, s, in_list=True) for s in _strategies(args)]
-    out = run_step_bench(specs, steps=args.steps, warmup=args.warmup, device=args.device)
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = run_step_bench(specs, steps=args.steps, warmup=args.warmup, device=device)
     return out, step_table(out)
 
 

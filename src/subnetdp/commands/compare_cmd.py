@@ -1,6 +1,6 @@
 """``subnetdp compare --suite quality``: the quality study, end to end from one command.
 
-    subnetdp compare --suite quality [--quick] [--tasks llama,resnet] [--seeds N] [--steps S]
+    subnetdp compare --suite quality [--quick] [--subset llama,resnet] [--seeds N] [--steps S]
         [--runs runs/study] [--out docs/results] [--no-plots]
 
 Trains every cell that has no result under ``--runs`` yet (a stopped suite resumes where it
@@ -24,24 +24,32 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from subnetdp.commands.options import HelpFormatter, old_name
+
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("compare", help="the quality study: strategies vs DDP baselines",
-                              description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--suite", default="quality", choices=["quality", "convergence"])
+                              description=__doc__.split("\n\n")[0] if __doc__ else None,
+                              formatter_class=HelpFormatter)
+    p.add_argument("--suite", default="quality", choices=["quality", "convergence"],
+                   help="quality: strategies vs DDP at several coverages; convergence: longer "
+                        "runs with downstream evaluation (make study-long)")
     p.add_argument("--quick", action="store_true",
                    help="C = 0.5 only, one seed, 20 steps (< 10 min); into runs/study-quick")
-    p.add_argument("--tasks", default=None,
-                   help="comma-separated subset: llama,resnet (convergence: and overfit)")
+    p.add_argument("--subset", "--tasks", dest="tasks", default=None, metavar="PART[,PART]",
+                   help="the suite's parts to run, comma-separated: llama,resnet (convergence: "
+                        "and overfit; default: all)" + old_name("--tasks"))
     p.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 3; quick 1)")
     p.add_argument("--steps", type=int, default=None,
                    help="the step-matched budget S (default: the suite's, per task)")
-    p.add_argument("--runs", default=None,
+    p.add_argument("--runs", default=None, metavar="DIR",
                    help="run directories; existing results there are reused "
                         "(default runs/study, or runs/study-quick)")
-    p.add_argument("--out", default=None,
-                   help="results (default docs/results, or runs/study-quick/results)")
-    p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="the result tables and plots (default docs/results, or "
+                        "runs/study-quick/results)")
+    p.add_argument("--no-plots", dest="plots", action="store_false",
+                   help="write the tables only (default: also PNG plots)")
     p.add_argument("--downstream-limit", type=int, default=None,
                    help="convergence: documents per downstream task (default 500; quick 8)")
 

@@ -20,21 +20,26 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from subnetdp.commands.options import HelpFormatter, old_name
 from subnetdp.train.config import TrainConfig
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("demo", help="ddp vs b-sdp on llama-tiny at matched compute, "
-                                           "side by side")
-    p.add_argument("--recipe", default="llama-tiny")
-    p.add_argument("--nproc", type=int, default=4)
+                                           "side by side",
+                              description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--recipe", default="llama-tiny", metavar="NAME",
+                   help="the recipe both runs train")
+    p.add_argument("--nproc", type=int, default=4, metavar="N", help="CPU worker processes")
     p.add_argument("--steps", type=int, default=200, help="DDP's steps")
-    p.add_argument("--coverage", type=float, default=0.5)
+    p.add_argument("--coverage", type=float, default=0.5, help="b-sdp's coverage")
     p.add_argument("--match", default="compute", choices=("compute", "steps"),
                    help="compute: b-sdp trains round(steps / coverage) steps, the block FLOPs "
                         "of DDP's steps; steps: both train --steps (default compute)")
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--runs", "--out", dest="out", default="runs/demo", metavar="DIR",
+                   help="folder of the two runs (DIR/ddp, DIR/b-sdp)" + old_name("--out"))
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress lines (default: rank 0's)")
 
 
 def matching_note(steps: dict[str, int], coverage: float, match: str) -> str:

@@ -15,27 +15,32 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from subnetdp.commands.options import HelpFormatter, add_device_argument
+
 if TYPE_CHECKING:  # torch loads when a model is evaluated: `subnetdp plan` parses this module
     import torch
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("eval", help="validation loss/accuracy of a checkpoint or export")
+    p = subparsers.add_parser("eval", help="validation loss/accuracy of a checkpoint or export",
+                              description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("path", help="runs/NAME, runs/NAME/checkpoints/step_N or an exported "
                                 ".safetensors file")
     p.add_argument("--eval-batches", type=int, default=None,
                    help="validation batches (default: the run's own --eval-batches)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
-                   help="where to evaluate (default: the run's own --device, cpu with "
-                        "--tasks; auto = CUDA when available)")
+    add_device_argument(p, default=None,
+                        help="where to evaluate (default: the run's own --device, cpu with "
+                             "--tasks)")
     p.add_argument("--tasks", default=None,
                    help="downstream tasks instead of validation loss, comma-separated: "
                         "arc_easy,boolq,hellaswag,openbookqa,sciq (path may also be an "
                         "`export --format hf` folder)")
     p.add_argument("--limit", type=int, default=None,
                    help="--tasks: only the first N documents of each task")
-    p.add_argument("--out", default=None, help="--tasks: also write the result to this JSON file")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="--tasks: also write the result to this JSON file (default: stdout "
+                        "only)")
 
 
 def load_model_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

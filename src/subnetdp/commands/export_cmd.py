@@ -14,13 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from subnetdp.commands.options import HelpFormatter
+
 EXPORT_FORMAT = "subnetdp-export"
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("export", help="write a checkpoint's full model (safetensors)")
+    p = subparsers.add_parser("export", help="write a checkpoint's full model (safetensors)",
+                              description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("run", help="runs/NAME (its newest checkpoint) or runs/NAME/checkpoints/step_N")
-    p.add_argument("--out", required=True,
+    p.add_argument("--out", required=True, metavar="PATH",
                    help="the .safetensors file to write (--format hf: the folder)")
     p.add_argument("--format", choices=["safetensors", "hf"], default="safetensors",
                    help="safetensors: our key names, one file; hf: a LlamaForCausalLM folder "

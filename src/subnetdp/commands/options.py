@@ -13,6 +13,25 @@ from subnetdp.strategy import BASELINES, DTYPES, NAMES, SDP_NAMES, STRATEGIES, p
 # argparse's common base of parsers, argument groups and mutually exclusive groups
 Container = argparse._ActionsContainer
 
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already names one or there
+    is none to show (None, a flag's False/True, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is argparse.SUPPRESS
+                or isinstance(default, bool) or default == []):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def old_name(old: str) -> str:
+    """The help note of a spelling kept for one release (CHANGELOG, Unreleased)."""
+    return f" ({old}: the old spelling, kept for one release)"
+
+
 DTYPE_HELP = ("precision: fp32; bf16-mixed (bf16 compute, fp32 master parameters, gradients "
               "and optimizer state); bf16 (everything stored and computed in bf16)")
 
@@ -33,6 +52,13 @@ def parse_model_arg(text: str) -> tuple[str, object]:
         return key, raw
 
 
+def add_nproc_argument(p: Container, *, default: int | None, help: str) -> None:
+    """``--nproc N``, the number of workers everywhere; ``--world`` is its old spelling in
+    ``plan`` and ``bench`` (dest ``world`` there)."""
+    p.add_argument("--nproc", "--world", dest="world", type=int, default=default, metavar="N",
+                   help=help + old_name("--world"))
+
+
 def add_recipe_argument(p: Container, *, default: str | None, help: str) -> None:
     p.add_argument("--recipe", default=default, metavar="NAME", help=help)
 
@@ -48,6 +74,15 @@ def add_batch_arguments(p: Container, *, batch_size: int | None, seq_len: int | 
 
 def add_dtype_argument(p: Container, *, default: str = "fp32") -> None:
     p.add_argument("--dtype", default=default, choices=DTYPES, help=DTYPE_HELP)
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def add_device_argument(p: Container, *, default: str | None, help: str) -> None:
+    """``--device``: the same three choices everywhere; auto = CUDA when available."""
+    p.add_argument("--device", default=default, choices=DEVICES,
+                   help=f"{help} (auto: CUDA when available)")
 
 
 def add_plan_file_argument(p: Container, *, help: str) -> None:

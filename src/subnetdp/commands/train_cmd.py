@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.commands.options import (
+    Container,
+    HelpFormatter,
     add_batch_arguments,
     add_composition_arguments,
+    add_device_argument,
     add_dtype_argument,
     add_model_arg_argument,
     add_neuron_arguments,
@@ -25,92 +28,137 @@ from subnetdp.strategy import OUTPUT_SCALINGS, REDUCE_DTYPES
 from subnetdp.train.config import TrainConfig
 
 
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
+def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
+    """Every option of a run, in groups; returns the groups by short name (``add_parser``
+    adds the run-folder options to them)."""
     d = TrainConfig()
-    add_recipe_argument(p, default=d.recipe, help="llama-tiny, resnet18-fmnist, llama-134m, "
+    g: dict[str, Container] = {key: p.add_argument_group(title) for key, title in (
+        ("model", "model and data"), ("strategy", "strategy and plan"),
+        ("composition", "composition and precision"), ("optim", "optimisation"),
+        ("ckpt", "checkpoints and restarts"), ("run", "run folder and launch"),
+        ("log", "logging and evaluation"))}
+    m = g["model"]
+    add_recipe_argument(m, default=d.recipe, help="llama-tiny, resnet18-fmnist, llama-134m, "
                                                   "... (default %(default)s)")
-    add_strategy_argument(p, default=d.strategy,
+    add_model_arg_argument(m)
+    add_batch_arguments(m, batch_size=None, seq_len=None, default_note="default: the recipe's")
+    m.add_argument("--vocab-size", type=int, default=None, metavar="V",
+                   help="tokenizer vocabulary of a trained BPE, language models (default: the "
+                        "recipe's)")
+    m.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="your own text/images instead of the data packages (default: the "
+                        "packages)")
+    add_data_arguments(m)
+
+    s = g["strategy"]
+    add_strategy_argument(s, default=d.strategy,
                           note="ddp: the full model on every worker; the others: a subnetwork "
                                "each (README, Strategies)")
-    p.add_argument("--coverage", type=float, default=d.coverage,
+    s.add_argument("--coverage", type=float, default=d.coverage,
                    help="fraction of units (blocks for b-sdp, neuron groups of every layer "
                         "for n-sdp) each worker holds")
-    add_scheme_arguments(p, default=d.scheme)
-    add_neuron_arguments(p)
-    p.add_argument("--output-scaling", default=d.output_scaling, choices=OUTPUT_SCALINGS,
+    add_scheme_arguments(s, default=d.scheme)
+    add_neuron_arguments(s)
+    s.add_argument("--output-scaling", default=d.output_scaling, choices=OUTPUT_SCALINGS,
                    help="n-sdp: scale kept hidden units by 1/keep-rate while training "
-                        "(default: keep for n-sdp)")
-    p.add_argument("--refresh-every", type=int, default=d.refresh_every, metavar="K",
+                        "(default: keep for n-sdp, else none)")
+    s.add_argument("--refresh-every", type=int, default=d.refresh_every, metavar="K",
                    help="bb-sdp/nb-sdp: refresh non-held units from their owners every K "
                         "steps (1 = exact)")
-    p.add_argument("--stochastic-depth", type=float, default=d.stochastic_depth, metavar="P",
+    s.add_argument("--stochastic-depth", type=float, default=d.stochastic_depth, metavar="P",
                    help="ddp baseline: skip each block with probability P per step and rank "
                         "(no rescaling, like b-sdp)")
-    p.add_argument("--neuron-dropout", type=float, default=d.neuron_dropout, metavar="P",
+    s.add_argument("--neuron-dropout", type=float, default=d.neuron_dropout, metavar="P",
                    help="ddp baseline: drop whole hidden units/heads/channels of every layer "
                         "pair with probability P (inverted dropout)")
-    add_composition_arguments(p, zero=True)
-    add_dtype_argument(p, default=d.dtype)
-    p.add_argument("--reduce-dtype", default=None, choices=REDUCE_DTYPES,
+    add_plan_file_argument(s, help="an SDP plan JSON (`subnetdp plan --out`) instead of "
+                                   "--coverage/--scheme (default: made from them)")
+    # heterogeneous workers (train/hetero.py): one value per worker, instead of --coverage
+    s.add_argument("--capacities", type=_floats, metavar="C0,C1,...",
+                   help="each rank's share of the units' cost, e.g. 1,0.5,0.5,0.5: a balanced "
+                        "plan with unequal numbers of units per rank (default: --coverage)")
+    s.add_argument("--memory-gb", type=_floats, metavar="GB0,GB1,...",
+                   help="each rank's memory budget, e.g. 80,40,40,40: a balanced plan in which "
+                        "every rank's estimated peak fits (made before the workers start; "
+                        "default: --coverage)")
+
+    c = g["composition"]
+    add_composition_arguments(c, zero=True)
+    add_dtype_argument(c, default=d.dtype)
+    c.add_argument("--reduce-dtype", default=None, choices=REDUCE_DTYPES,
                    help="with --fsdp: the dtype gradients are averaged in (default: the master "
                         "dtype, fp32 under bf16-mixed)")
-    add_plan_file_argument(p, help="an SDP plan JSON (`subnetdp plan --save`) instead of "
-                                   "--coverage/--scheme")
-    # heterogeneous workers (train/hetero.py): one value per worker, instead of --coverage
-    p.add_argument("--capacities", type=_floats, metavar="C0,C1,...",
-                   help="each rank's share of the units' cost, e.g. 1,0.5,0.5,0.5: a balanced "
-                        "plan with unequal numbers of units per rank")
-    p.add_argument("--memory-gb", type=_floats, metavar="GB0,GB1,...",
-                   help="each rank's memory budget, e.g. 80,40,40,40: a balanced plan in which "
-                        "every rank's estimated peak fits (made before the workers start)")
-    # default None (meaning 4) so that an explicit --nproc 4 is seen when resuming
-    p.add_argument("--nproc", type=int, default=None,
-                   help="local worker processes, default 4 (ignored under torchrun, which sets "
-                        "the world)")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--seed", type=int, default=d.seed)
-    add_batch_arguments(p, batch_size=None, seq_len=None, default_note="default: the recipe's")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--weight-decay", type=float, default=None)
-    p.add_argument("--grad-clip", type=float, default=None)
-    p.add_argument("--vocab-size", type=int, default=None)
-    p.add_argument("--data-dir", default=None, help="your own text/images instead of the packages")
-    p.add_argument("--eval-batches", type=int, default=d.eval_batches)
-    p.add_argument("--log-every", type=int, default=d.log_every, metavar="N",
-                   help="read and check the loss every N steps (a host sync), write metrics")
-    p.add_argument("--memory-step", type=int, default=d.memory_step,
-                   help="step whose memory is measured (-1: none)")
-    p.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"))
-    p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
-    add_model_arg_argument(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    p.add_argument("--ckpt-every", type=int, default=d.ckpt_every, metavar="N",
+    c.add_argument("--no-tf32", dest="tf32", action="store_false",
+                   help="on CUDA, keep float32 matmuls in full fp32 (default: TF32)")
+    c.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb, metavar="MB",
+                   help="gradient all-reduce bucket size")
+
+    o = g["optim"]
+    o.add_argument("--steps", type=int, default=d.steps, help="training steps")
+    o.add_argument("--seed", type=int, default=d.seed,
+                   help="seed of the model's initialisation, the data order and the plan")
+    o.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate, AdamW (default: the recipe's)")
+    o.add_argument("--warmup", type=int, default=None, metavar="STEPS",
+                   help="linear learning-rate warm-up steps (default: the recipe's)")
+    o.add_argument("--weight-decay", type=float, default=None,
+                   help="AdamW weight decay (default: the recipe's)")
+    o.add_argument("--grad-clip", type=float, default=None, metavar="NORM",
+                   help="clip the full model's gradient norm to NORM, 0 = off (default: the "
+                        "recipe's)")
+
+    k = g["ckpt"]
+    k.add_argument("--ckpt-every", type=int, default=d.ckpt_every, metavar="N",
                    help="write a sharded checkpoint every N steps and at the end (0: never)")
-    p.add_argument("--ckpt-keep", type=int, default=d.ckpt_keep, metavar="K",
+    k.add_argument("--ckpt-keep", type=int, default=d.ckpt_keep, metavar="K",
                    help="keep the newest K checkpoints")
-    p.add_argument("--max-restarts", type=int, default=d.max_restarts,
+    k.add_argument("--max-restarts", type=int, default=d.max_restarts,
                    help="restart the worker group this many times after a failure; it "
                         "resumes from the newest checkpoint")
-    p.add_argument("--overwrite", action="store_true", default=None,
-                   help="a new run into an --out holding an earlier run: delete that run's "
-                        "files first (without it, such an --out is refused)")
-    p.add_argument("--reshard", action="store_true", default=None,
+    k.add_argument("--reshard", action="store_true", default=None,
                    help="with --resume: load the checkpoint into a different --nproc, "
                         "--coverage or plan (values exact; data order changes: README)")
-    p.add_argument("--min-nproc", type=int, default=None, metavar="N",
+    k.add_argument("--min-nproc", type=int, default=None, metavar="N",
                    help="elastic shrink: after a worker is lost for good (restarts used up), "
-                        "go on with one worker fewer, down to N, from the newest checkpoint")
-    p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
+                        "go on with one worker fewer, down to N, from the newest checkpoint "
+                        "(default: never shrink)")
+
+    r = g["run"]
+    # default None (meaning 4) so that an explicit --nproc 4 is seen when resuming
+    r.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="local worker processes (ignored under torchrun, which sets the "
+                        "world; default 4)")
+    add_device_argument(r, default=d.device, help="where the workers train")
+    r.add_argument("--overwrite", action="store_true", default=None,
+                   help="a new run into an --out holding an earlier run: delete that run's "
+                        "files first (without it, such an --out is refused)")
+    r.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
                    metavar="S", help="stop the run when a collective waits S seconds for a "
                                      "peer, naming the rank that hung (also bounds worker "
                                      "start-up; evaluation and checkpoint writes get longer; "
                                      "default %(default)g)")
-    add_ecosystem_arguments(p)
+
+    lg = g["log"]
+    lg.add_argument("--log-every", type=int, default=d.log_every, metavar="N",
+                    help="read and check the loss every N steps (a host sync), write metrics "
+                         "and print a progress line")
+    lg.add_argument("--no-progress", dest="progress", action="store_false",
+                    help="no progress lines (default: rank 0's, every --log-every steps)")
+    lg.add_argument("--eval-every", type=int, default=0, metavar="N",
+                    help="validate the assembled full model every N steps (default 0: at "
+                         "the end only)")
+    lg.add_argument("--eval-batches", type=int, default=d.eval_batches, metavar="N",
+                    help="validation batches")
+    lg.add_argument("--memory-step", type=int, default=d.memory_step, metavar="STEP",
+                    help="step whose memory is measured (-1: none)")
+    lg.add_argument("--peak-tflops", type=float, default=None, metavar="T",
+                    help="the device's peak TFLOP/s for mfu(%%) (default: known CUDA devices)")
+    add_tracking_arguments(lg)
+    return g
 
 
-def add_ecosystem_arguments(p: argparse.ArgumentParser) -> None:
-    """Tracking, periodic validation, precision and text sources (README, Watching a run)."""
+def add_tracking_arguments(p: Container) -> None:
+    """TensorBoard and W&B (README, Watching a run)."""
     p.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard events to RUN/tensorboard (extra: tensorboard)")
     p.add_argument("--wandb", action="store_true",
@@ -118,19 +166,18 @@ def add_ecosystem_arguments(p: argparse.ArgumentParser) -> None:
                         "(extra: wandb)")
     p.add_argument("--wandb-project", default=None, metavar="NAME",
                    help="the W&B project (implies --wandb; default subnetdp)")
-    p.add_argument("--eval-every", type=int, default=0, metavar="N",
-                   help="validate the assembled full model every N steps (default: at the "
-                        "end only)")
-    p.add_argument("--peak-tflops", type=float, default=None, metavar="T",
-                   help="the device's peak TFLOP/s for mfu(%%) (default: known CUDA devices)")
-    p.add_argument("--no-tf32", dest="tf32", action="store_false",
-                   help="on CUDA, keep float32 matmuls in full fp32 (default: TF32)")
+
+
+def add_data_arguments(p: Container) -> None:
+    """Text sources: any tokenizer.json, Hugging Face datasets (docs/data.md)."""
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a tokenizer.json (any Hugging Face tokenizers file), or gpt2 for the "
-                        "GPT-2 BPE package, instead of training a BPE on the corpus")
+                        "GPT-2 BPE package, instead of training a BPE on the corpus "
+                        "(default: a BPE trained on the corpus)")
     p.add_argument("--dataset", default=None, metavar="NAME",
                    help="text through Hugging Face datasets: a builder (json, parquet, text, "
-                        "csv, arrow) over --data-files, or a local dataset folder (extra: data)")
+                        "csv, arrow) over --data-files, or a local dataset folder (extra: data; "
+                        "default: the data packages)")
     p.add_argument("--data-files", action="append", default=None, metavar="GLOB",
                    help="local files for --dataset (repeatable)")
     p.add_argument("--text-field", default="text", metavar="NAME",
@@ -138,15 +185,18 @@ def add_ecosystem_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("train", help="train one run (any strategy, composition and plan)")
-    add_train_arguments(p)
-    p.add_argument("--out", default=None, help="run directory (default runs/<recipe>-<strategy>)")
-    p.add_argument("--resume", default=None, metavar="RUN",
-                   help="continue runs/NAME from its newest checkpoint (or from the given "
-                        "runs/NAME/checkpoints/step_N) with the run's own configuration")
-    p.add_argument("--config", default=None, metavar="FILE",
-                   help="options from a TOML file or a run's config.json (replays it); "
-                        "options given here override the file")
+    p = subparsers.add_parser("train", help="train one run (any strategy, composition and plan)",
+                              description=__doc__, formatter_class=HelpFormatter)
+    g = add_train_arguments(p)
+    g["run"].add_argument("--out", default=None, metavar="DIR",
+                          help="the run folder (default runs/<recipe>-<strategy>)")
+    g["run"].add_argument("--config", default=None, metavar="FILE",
+                          help="options from a TOML file or a run's config.json (replays "
+                               "it); options given here override the file (default: none)")
+    g["ckpt"].add_argument("--resume", default=None, metavar="RUN",
+                           help="continue runs/NAME from its newest checkpoint (or from the "
+                                "given runs/NAME/checkpoints/step_N) with the run's own "
+                                "configuration (default: a new run)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -199,6 +249,14 @@ def _floats(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except (ValueError, OSError) as e:
+        print(f"subnetdp train: {e}", file=sys.stderr)
+        return 2
+    if cfg.progress and "RANK" not in os.environ:  # at once: what follows takes a while
+        print(f"{cfg.strategy} on {cfg.recipe}: {cfg.nproc} workers, {cfg.steps} steps, run "
+              f"folder {cfg.out}", flush=True)
     from subnetdp.data import DatasetMissingError
     from subnetdp.metrics.report import format_summary
     from subnetdp.train.launch import (
@@ -210,9 +268,7 @@ def run(args: argparse.Namespace) -> int:
     from subnetdp.train.run import run_training
     from subnetdp.train.signals import interrupted_message
 
-    cfg = None
     try:
-        cfg = config_from_args(args)
         summary = run_training(cfg)
     except (ValueError, OSError, DatasetMissingError) as e:
         print(f"subnetdp train: {e}", file=sys.stderr)
@@ -224,12 +280,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"subnetdp train: {e}", file=sys.stderr)
         return 1
     except RunInterruptedError as e:
-        print(f"subnetdp train: {interrupted_message(e.signal, cfg.out if cfg else None)}",
-              file=sys.stderr)
+        print(f"subnetdp train: {interrupted_message(e.signal, cfg.out)}", file=sys.stderr)
         return 130 if e.signal == "SIGINT" else 143
     except KeyboardInterrupt:  # Ctrl-C before the workers started (checks, tokenizer)
-        print(f"subnetdp train: {interrupted_message('SIGINT', cfg.out if cfg else None)}",
-              file=sys.stderr)
+        print(f"subnetdp train: {interrupted_message('SIGINT', cfg.out)}", file=sys.stderr)
         return 130
     if summary and os.environ.get("RANK", "0") == "0":  # under torchrun, one report
         print(format_summary(summary))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,11 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
 
     ``start_method`` is ``launch``'s (None: a fork server, or spawn once this process holds a
     process group or CUDA)."""
+    # The launching process says what it does while the checks run and the workers start
+    # (seconds to a minute); under torchrun there is none, and rank 0 speaks for the run.
+    say = _say if cfg.progress and "RANK" not in os.environ else None
     # torch, the models and the trainer load when a run starts, not on import
+    from subnetdp.metrics.progress import LiveBar
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.hetero import prepare_hetero
     from subnetdp.train.launch import WorkerFailedError, under_launcher
@@ -33,6 +38,9 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     if not under_launcher():
         from subnetdp.train.validate import preflight
 
+        if say:
+            say("checking the model, plan and data (the first run also builds the tokenizer) "
+                "...")
         # the tokenizer/token cache is built once, here, before the workers start; then the
         # model, plan, data and folder are checked on the meta device (train/validate.py)
         preflight(cfg, make_task(cfg))
@@ -50,12 +58,19 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         # --capacities/--memory-gb (train/hetero.py); under torchrun each worker checks them
         cfg = (prepare_hetero(cfg, int(os.environ["WORLD_SIZE"]), worker=True)
                if under_launcher() else prepare_hetero(cfg, cfg.nproc))
+        run_id = f"subnetdp-{int(time.time())}"
+        # on a terminal this process draws rank 0's progress as a live bar; else its lines
+        # are echoed here (tee) as they are
+        live = say is not None and sys.stdout.isatty()
+        if say:
+            say(f"starting {cfg.nproc} workers (their logs: {logs}) ...")
         try:
-            # tee: rank 0's progress lines still show here
-            results = launch_shrinking(
-                train_worker, cfg, run_id=f"subnetdp-{int(time.time())}",
-                start_method=start_method, log_dir=str(logs), tee_rank0=True,
-                start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout))
+            with (LiveBar(logs, f"{run_id}_*/attempt_*/0/stdout.log") if live
+                  else contextlib.nullcontext()):
+                results = launch_shrinking(
+                    train_worker, cfg, run_id=run_id, start_method=start_method,
+                    log_dir=str(logs), tee_rank0=not live,
+                    start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout))
         except WorkerFailedError as e:
             e.log = str(logs / "failure.log")  # the tracebacks; the user sees e.summary
             Path(e.log).write_text(str(e) + "\n")
@@ -65,3 +80,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         raise NonFiniteLossError(stopped[0])
     summary_path = Path(cfg.out) / "summary.json"
     return json.loads(summary_path.read_text()) if summary_path.exists() else {}
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

@@ -161,6 +161,8 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     out = Path(cfg.out)
     check_shared_folder(out, rank)  # a node-local --out fails here, not at the first checkpoint
     out.mkdir(parents=True, exist_ok=True)
+    if rank == 0 and cfg.progress:  # the first line from the workers, before the slow part
+        print(f"building the model and plan ({world} workers) ...", flush=True)
     torch.manual_seed(cfg.seed)
     device = run_device(cfg)
     recipe = get_recipe(cfg.recipe)
@@ -187,7 +189,8 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     memory: dict[str, Any] = {}
     step_bytes: list[int] = []
     refresh_bytes: list[int] = []  # backward masking: owners -> non-holders, before forward
-    progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress, desc=cfg.strategy)
+    progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress, desc=cfg.strategy,
+                        start=start)
     comm = model.comm_stats
     window = _Window()
     peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -236,20 +239,24 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
                 "comm/bytes_per_step": step_bytes[-1],
                 "comm/refresh_bytes_per_step": refresh_bytes[-1]})
             due = ckpt.due(done)
-            if due or done % cfg.log_every == 0 or done == cfg.steps:
+            # the first step too, so that a progress line shows at once (one more host sync)
+            if due or done % cfg.log_every == 0 or done == cfg.steps or done == start + 1:
                 losses += window.flush(sink, out, tracker, state_finite(model, opt))
-                progress.update(done, loss=losses[-1], tps=tps * world)
+                progress.update(done, loss=losses[-1], tps=tps * world, lr=float(lr))
             if due:
                 with slow_phase(cfg.collective_timeout):
                     ckpt.save(done)
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 with slow_phase(cfg.collective_timeout):  # peers wait while rank 0 evaluates
-                    _log_evaluation(done, _evaluate(model, recipe, task, device, overrides,
-                                                    rank), val_sink, tracker)
+                    evaluation = _evaluate(model, recipe, task, device, overrides, rank)
+                    _log_evaluation(done, evaluation, val_sink, tracker)
+                progress.message(f"validation at step {done}/{cfg.steps}: "
+                                 + _format_evaluation(evaluation))
             stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
         progress.close()
         train_time = time.perf_counter() - loop_start
         set_timeout(slow_timeout(cfg.collective_timeout))  # peers wait while rank 0 evaluates
+        progress.message(f"validating the full model ({cfg.eval_batches} batches) ...")
         evaluation = _evaluate(model, recipe, task, device, overrides, rank)  # the summary's
         _log_evaluation(cfg.steps, evaluation, val_sink, tracker)
     tracker.close()
@@ -292,6 +299,11 @@ def _log_evaluation(step: int, evaluation: dict[str, float], sink: JsonlSink | N
     if evaluation and sink is not None:
         sink.log(step, evaluation)
         tracker.log(step, evaluation)
+
+
+def _format_evaluation(evaluation: dict[str, float]) -> str:
+    return " | ".join(f"{k} {int(v)}" if float(v).is_integer() else f"{k} {v:.4f}"
+                      for k, v in evaluation.items())
 
 
 def _evaluate(
