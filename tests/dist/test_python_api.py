@@ -7,6 +7,7 @@ and the documented code: docs/own-model.md (every block), examples/own_model.py 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -220,7 +221,15 @@ def test_page_commands_run_the_example_and_resume_exactly(tmp_path: Path) -> Non
     val = [re.search(r"^full model: validation loss (\S+)", out, flags=re.M)
            for out in (straight, resumed)]
     assert val[0] and val[1] and val[0][1] == val[1][1]
-    assert "exported step 6" in export and (tmp_path / "own.safetensors").is_file()
+    assert "exported step 6" in export
+    # the export loads into the plain model class, as the page says
+    from safetensors.torch import load_file
+
+    spec = importlib.util.spec_from_file_location("own_model", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    own = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(own)
+    own.ResidualMLP().load_state_dict(load_file(tmp_path / "own.safetensors"))
 
 
 def test_page_python_blocks_are_the_example_or_run(tmp_path: Path) -> None:
