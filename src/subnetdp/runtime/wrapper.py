@@ -50,7 +50,9 @@ class SubnetDataParallel(nn.Module):
     A meta-device model is materialised with only the held units, each initialised from a seed
     derived from its name so that all holders agree (and the full model equals the union of
     the pieces). A model that is already materialised has its non-held units dropped, and its
-    remaining values are broadcast from their owners so that holders start identical.
+    remaining values are broadcast from their owners so that holders start identical (under
+    backward masking the ranks that run a unit without holding it too). Either way the ranks
+    need no common seed.
 
     Like DDP, every rank's gradient counts equally: a unit's gradient is the plain mean of its
     holders' gradients, each the mean over that rank's own batch, so ranks with unequal batch
