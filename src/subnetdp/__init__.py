@@ -14,7 +14,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["SubnetDataParallel", "__version__", "make_plan", "parallelize"]
+__all__ = ["SubnetDataParallel", "__version__", "init_distributed", "load", "make_plan",
+           "parallelize", "save"]
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import subnetdp` must not pull torch.distributed
@@ -30,6 +31,10 @@ def __getattr__(name: str) -> Any:  # lazy: `import subnetdp` must not pull torc
         from subnetdp.plan import make_plan
 
         return make_plan
+    if name in ("init_distributed", "save", "load"):  # for your own script: docs/own-model.md
+        from subnetdp.train import script
+
+        return getattr(script, name)
     raise AttributeError(name)
 
 

@@ -19,6 +19,7 @@ from subnetdp.runtime.assemble import (
     sync_buffers,
 )
 from subnetdp.runtime.backends import Backend, FSDPBackend, ReducerBackend
+from subnetdp.runtime.called_by_all import called_by_all
 from subnetdp.runtime.checkpointing import checkpoint_blocks
 from subnetdp.runtime.fsdp import local_tensor, my_chunk
 from subnetdp.runtime.grouped import group_layers
@@ -49,7 +50,9 @@ class SubnetDataParallel(nn.Module):
     A meta-device model is materialised with only the held units, each initialised from a seed
     derived from its name so that all holders agree (and the full model equals the union of
     the pieces). A model that is already materialised has its non-held units dropped, and its
-    remaining values are broadcast from their owners so that holders start identical.
+    remaining values are broadcast from their owners so that holders start identical (under
+    backward masking the ranks that run a unit without holding it too). Either way the ranks
+    need no common seed.
 
     Like DDP, every rank's gradient counts equally: a unit's gradient is the plain mean of its
     holders' gradients, each the mean over that rank's own batch, so ranks with unequal batch
@@ -116,6 +119,7 @@ class SubnetDataParallel(nn.Module):
         local_units = range(plan.num_units) if self.backward_masked else self.held_units
         self.local = local_pieces(self.pieces, local_units)
         dev = torch.device(device) if device is not None else _default_device()
+        materialised = not is_on_meta(module)
         # One process group per distinct holder set (FSDP also wants one-rank groups, so that
         # its mixed-precision policy applies to units held alone).
         self.groups = HolderGroups([*plan.holder_sets(), tuple(range(self.world))],
@@ -146,6 +150,11 @@ class SubnetDataParallel(nn.Module):
         self.fsdp = fsdp
         self.refresh_every = refresh_every
         self._refreshed_through = 0  # reductions already followed by a refresh
+        if materialised and self.backend.refresher is not None:
+            # Backward masking runs every unit; a non-holder's copy came from its own init
+            # (its own seed): the owners' values replace it before the first forward, as the
+            # meta path's name-seeded init would have made it. Not traffic of any step.
+            self.backend.refresher.refresh()
 
     def _build_local(
         self, module: nn.Module, adapter: UnitAdapter, device: torch.device, seed: int,
@@ -342,10 +351,16 @@ class SubnetDataParallel(nn.Module):
         sync_buffers(buffers, self.local, self.plan, self.groups, rank=self.rank)
 
     def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:
-        """The full model's state dict on rank ``dst``, each unit from its owner. Collective."""
-        self.sync_buffers()
-        return gather_full_state_dict(self.shard_state(), self.pieces, self.full_state_keys,
-                                      world=self.world, rank=self.rank, dst=dst)
+        """The full model's state dict on rank ``dst`` (None on the others), each unit from its
+        owner. Collective: call it on every rank, then use the result on ``dst``; a call on
+        some ranks only raises ``CollectiveCallError`` naming the others
+        ([Note: collective calls on some ranks] in ``runtime.called_by_all``)."""
+        with called_by_all("full_state_dict()",
+                           hint=f" (it returns the state on rank {dst}, None elsewhere)"):
+            self.sync_buffers()
+            return gather_full_state_dict(self.shard_state(), self.pieces,
+                                          self.full_state_keys, world=self.world,
+                                          rank=self.rank, dst=dst)
 
     # -- shards (checkpoints) --------------------------------------------------------------
     def shard_state(
