@@ -22,7 +22,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     process group or CUDA)."""
     # torch, the models and the trainer load when a run starts, not on import
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
-    from subnetdp.train.hetero import prepare_hetero
+    from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
     from subnetdp.train.launch import WorkerFailedError, under_launcher
     from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count
     from subnetdp.train.rundir import check_fresh, hold_run_folder
@@ -30,12 +30,16 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.train.trainer import train_worker
 
     cfg = cfg.resolved()
+    plan = None  # under torchrun every worker makes its own
     if not under_launcher():
         from subnetdp.train.validate import preflight
 
+        check_world(cfg, cfg.nproc)  # --capacities/--memory-gb (train/hetero.py)
         # the tokenizer/token cache is built once, here, before the workers start; then the
-        # model, plan, data and folder are checked on the meta device (train/validate.py)
-        preflight(cfg, make_task(cfg))
+        # model, the plan that will run (read or built once, here: the workers get it), data
+        # and folder are checked on the meta device (train/validate.py)
+        task = make_task(cfg)
+        plan = preflight(cfg, task, budget_plan(cfg, cfg.nproc))
         # Refuse a damaged checkpoint or one for another world before anything is written.
         if cfg.resume:
             preflight_resume(cfg)
@@ -47,13 +51,13 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext():
         if owner and restart_count() == 0:  # a torchrun restart continues its own folder
             check_fresh(Path(cfg.out), resume=bool(cfg.resume), overwrite=cfg.overwrite)
-        # --capacities/--memory-gb (train/hetero.py); under torchrun each worker checks them
-        cfg = (prepare_hetero(cfg, int(os.environ["WORLD_SIZE"]), worker=True)
-               if under_launcher() else prepare_hetero(cfg, cfg.nproc))
+        if under_launcher():  # each worker checks --capacities/--memory-gb
+            check_world(cfg, int(os.environ["WORLD_SIZE"]), worker=True)
+        cfg = write_budget_plan(cfg, plan)
         try:
             # tee: rank 0's progress lines still show here
             results = launch_shrinking(
-                train_worker, cfg, run_id=f"subnetdp-{int(time.time())}",
+                train_worker, cfg, plan=plan, run_id=f"subnetdp-{int(time.time())}",
                 start_method=start_method, log_dir=str(logs), tee_rank0=True,
                 start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout))
         except WorkerFailedError as e:
