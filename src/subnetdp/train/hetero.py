@@ -62,6 +62,7 @@ def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
     (None without --memory-gb). Made before the pre-launch checks, which check this plan."""
     if cfg.memory_gb is None:
         return None
+    check_world(cfg, world)
     from subnetdp.bench.hetero import BudgetError, format_budget_plan, plan_for_budgets
     from subnetdp.bench.strategies import BenchSpec, make_bench_plan, meta_model
 

@@ -34,7 +34,6 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     if not under_launcher():
         from subnetdp.train.validate import preflight
 
-        check_world(cfg, cfg.nproc)  # --capacities/--memory-gb (train/hetero.py)
         # the tokenizer/token cache is built once, here, before the workers start; then the
         # model, the plan that will run (read or built once, here: the workers get it), data
         # and folder are checked on the meta device (train/validate.py)
@@ -51,8 +50,9 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext():
         if owner and restart_count() == 0:  # a torchrun restart continues its own folder
             check_fresh(Path(cfg.out), resume=bool(cfg.resume), overwrite=cfg.overwrite)
-        if under_launcher():  # each worker checks --capacities/--memory-gb
-            check_world(cfg, int(os.environ["WORLD_SIZE"]), worker=True)
+        # --capacities/--memory-gb (train/hetero.py); under torchrun each worker checks them
+        check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else cfg.nproc,
+                    worker=under_launcher())
         cfg = write_budget_plan(cfg, plan)
         try:
             # tee: rank 0's progress lines still show here
