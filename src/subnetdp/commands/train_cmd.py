@@ -54,8 +54,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduce-dtype", default=None, choices=REDUCE_DTYPES,
                    help="with --fsdp: the dtype gradients are averaged in (default: the master "
                         "dtype, fp32 under bf16-mixed)")
-    add_plan_file_argument(p, help="an SDP plan JSON (`subnetdp plan --save`) instead of "
-                                   "--coverage/--scheme")
+    add_plan_file_argument(p, help="a saved plan (`subnetdp plan --save`) or a JSON matrix "
+                                   "[worker][unit] of 0/1 over the model's blocks, instead "
+                                   "of --coverage/--scheme")
     # heterogeneous workers (train/hetero.py): one value per worker, instead of --coverage
     p.add_argument("--capacities", type=_floats, metavar="C0,C1,...",
                    help="each rank's share of the units' cost, e.g. 1,0.5,0.5,0.5: a balanced "
