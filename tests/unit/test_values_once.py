@@ -211,10 +211,13 @@ def test_the_pre_launch_check_sees_the_budget_plan(
         checked.append(plan)
         return real_match(plan, *args)
 
+    def launch(fn: Any, cfg: TrainConfig, *, plan: Plan | None = None, **kw: Any) -> dict:
+        launched.append((cfg, plan))
+        return {}
+
     monkeypatch.setattr(hetero, "plan_for_budgets", lambda spec, gb: Fitted(spec))
     monkeypatch.setattr(match, "match_plan", match_plan)
-    monkeypatch.setattr(elastic, "launch_shrinking",
-                        lambda fn, cfg, *, plan=None, **kw: launched.append((cfg, plan)) or {})
+    monkeypatch.setattr(elastic, "launch_shrinking", launch)
     run_training(_train_cfg(tmp_path, memory_gb=[40.0, 20.0]))
     cfg, plan = launched[0]
     written = Plan.from_json(Path(cfg.plan_file).read_text())
