@@ -220,6 +220,7 @@ def test_the_pre_launch_check_sees_the_budget_plan(
     monkeypatch.setattr(elastic, "launch_shrinking", launch)
     run_training(_train_cfg(tmp_path, memory_gb=[40.0, 20.0]))
     cfg, plan = launched[0]
+    assert cfg.plan_file is not None and cfg.memory_gb is None
     written = Plan.from_json(Path(cfg.plan_file).read_text())
     assert plan == written and plan.scheme == "balanced"
     assert len(plan.held_units(1)) < len(plan.held_units(0))
