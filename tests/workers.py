@@ -23,8 +23,8 @@ def patch_workers(monkeypatch: pytest.MonkeyPatch, patch: Callable[[], None]) ->
                         functools.partial(_patched_worker, patch))
 
 
-def _patched_worker(patch: Callable[[], None], cfg_dict: dict[str, Any]) -> Any:
+def _patched_worker(patch: Callable[[], None], *args: Any) -> Any:
     import subnetdp.train.trainer as trainer
 
     patch()
-    return trainer.train_worker(cfg_dict)  # the worker's own module: unpatched there
+    return trainer.train_worker(*args)  # the worker's own module: unpatched there

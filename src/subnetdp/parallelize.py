@@ -29,7 +29,7 @@ from torch import nn
 from subnetdp.plan import Plan, make_plan
 from subnetdp.runtime.checkpointing import checkpoint_blocks
 from subnetdp.runtime.rank import FSDPRank, RankModel, TorchDDPRank
-from subnetdp.strategy import Composition, Strategy, get_strategy
+from subnetdp.strategy import HOLDER_REDUCER, Composition, RankSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.build import build_full_model
 from subnetdp.subnet.units import describe_units, unit_modules
@@ -59,7 +59,7 @@ def parallelize(
     model: nn.Module,
     *,
     adapter: UnitAdapter,
-    strategy: Strategy | str,
+    strategy: RankSpec | Strategy | str,
     plan: Plan | None = None,
     comp: Composition | None = None,
     device: torch.device | str = "cpu",
@@ -71,15 +71,17 @@ def parallelize(
     """This rank's model (the process group is up). ``model`` is the full model, best on the
     meta device (SDP then never allocates what this rank does not hold).
 
+    ``strategy``: a ``RankSpec`` (checked: ``comp`` is then its own and nothing is checked
+    again), or a strategy (value or name) that ``comp`` (default: none) composes.
+
     ``plan``: required for SDP strategies. ``prepare_full``: applied to a baseline's full
     model after materialising (the study's stochastic-depth and neuron-dropout baselines);
     ``find_unused_parameters`` is then DDP's. ``fake``: inside ``FakeTensorMode`` (the memory
     estimator), where torch DDP's C++ reducer cannot run on fake storage: ``ddp`` is then
     built as the holder reducer with everyone holding everything, which has exactly DDP's
     bucket-view memory (``tests/dist/test_bench_measure.py`` checks it against real DDP)."""
-    strat = get_strategy(strategy)
-    comp = comp or Composition()
-    comp.check(strat)
+    spec = strategy if isinstance(strategy, RankSpec) else RankSpec.of(strategy, comp)
+    strat, comp = spec.strategy, spec.comp
     dev = torch.device(device)
     model.to(storage_dtype(comp))  # 1. precision of storage
     if not strat.is_sdp and not comp.fsdp and (fake or comp.zero == 2):
@@ -88,11 +90,13 @@ def parallelize(
         units, shared = describe_units(model, adapter)
         plan = make_plan(world=dist.get_world_size(), units=units, coverage=1.0,
                          shared_size=shared)
-        return _sdp(model, adapter, get_strategy("b-sdp"), plan, comp, dev, seed)
+        # (SDP has no default-bucket variant: its reducer is bucket-view already)
+        held = RankSpec(HOLDER_REDUCER, comp.replace(ddp_bucket_view=True))
+        return _sdp(model, adapter, held, plan, dev, seed)
     if strat.is_sdp:
         if plan is None:
             raise ValueError(f"{strat.name} needs a plan (subnetdp.make_plan)")
-        return _sdp(model, adapter, strat, plan, comp, dev, seed)
+        return _sdp(model, adapter, spec, plan, dev, seed)
     full = build_full_model(model, adapter, device=dev, seed=seed)  # 2. materialise
     if prepare_full is not None:
         prepare_full(full)
@@ -109,18 +113,16 @@ def parallelize(
 
 
 def _sdp(
-    model: nn.Module, adapter: UnitAdapter, strat: Strategy, plan: Plan, comp: Composition,
-    dev: torch.device, seed: int,
+    model: nn.Module, adapter: UnitAdapter, spec: RankSpec, plan: Plan, dev: torch.device,
+    seed: int,
 ) -> RankModel:
     from subnetdp.runtime.wrapper import SubnetDataParallel
 
     # Steps 2-4 happen inside: materialise held units, checkpoint blocks, then the backend.
+    comp = spec.comp
     return SubnetDataParallel(
-        model, plan=plan, adapter=adapter, strategy=strat, device=dev, init_seed=seed,
-        bucket_cap_mb=comp.bucket_cap_mb, output_scaling=comp.output_scaling,
-        refresh_every=comp.refresh_every, fsdp=comp.fsdp, activation_checkpointing=comp.ac,
+        model, plan=plan, adapter=adapter, spec=spec, device=dev, init_seed=seed,
         param_dtype=compute_dtype(comp), reduce_dtype=reduce_dtype(comp) if comp.fsdp else None,
-        fsdp_prefetch=comp.fsdp_prefetch, zero=comp.zero,
     )
 
 

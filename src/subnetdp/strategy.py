@@ -1,4 +1,5 @@
-"""What a rank is built as: the strategy (one table) and its composition, as plain values.
+"""What a rank is built as (the strategy, one table, and its composition: a ``RankSpec``) and
+how its plan is made (a ``PlanSpec``), as plain values.
 
 No torch here: the CLI, config validation, plans and reports ask these values instead of
 comparing strategy strings, and ``subnetdp.parallelize`` turns them into a rank's model.
@@ -12,8 +13,11 @@ A new strategy is one row of ``STRATEGIES``; a new baseline one entry of ``Compo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from subnetdp.plan.objectives import DEFAULT_BALANCE
 
 Level = Literal["none", "block", "neuron"]
 Masking = Literal["none", "forward", "backward"]
@@ -187,3 +191,82 @@ def parse_label(text: str) -> tuple[Strategy, Composition]:
     comp = Composition(fsdp=fsdp, ac="ac" in mods, zero=zeros[0] if zeros else 0)
     comp.check(strategy)
     return strategy, comp
+
+
+# The strategy the holder reducer runs a baseline as (everyone holds every block: exactly
+# DDP's bucket-view memory and traffic): ``ddp+zero2``, and ddp inside the fake-tensor
+# estimator, where torch DDP's C++ reducer cannot run.
+HOLDER_REDUCER = STRATEGIES["b-sdp"]
+
+
+def composition_of(source: Any) -> Composition:
+    """The ``Composition`` of a flat config (an object or a mapping) that spells its fields
+    by Composition's names (``TrainConfig``, ``BenchSpec``, a run's config.json): the one
+    mapping, so that no config drops a field. Fields it lacks keep their defaults."""
+    return Composition(**_fields(Composition, source))
+
+
+def _fields(cls: Any, source: Any) -> dict[str, Any]:
+    """``cls``'s fields read by name from an object or a mapping (missing: the default)."""
+    get = source.get if isinstance(source, Mapping) else (
+        lambda name, default: getattr(source, name, default))
+    return {f.name: get(f.name, f.default) for f in dataclasses.fields(cls)}
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What one rank is built as: a strategy and its composition, checked together once (at
+    construction). ``parallelize`` and ``SubnetDataParallel`` take it as checked."""
+
+    strategy: Strategy
+    comp: Composition = Composition()
+
+    def __post_init__(self) -> None:
+        self.comp.check(self.strategy)
+
+    @classmethod
+    def of(cls, strategy: str | Strategy, comp: Composition | None = None) -> RankSpec:
+        """From a strategy name (the CLI's, a config file's, a public keyword's) or value."""
+        return cls(get_strategy(strategy), comp or Composition())
+
+    def label(self, coverage: float | None = None) -> str:
+        """The run's or benchmark row's name (``label``); ``coverage`` only shows for SDP."""
+        return label(self.strategy, self.comp, coverage if self.strategy.is_sdp else None)
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """How a run's plan is made (``subnet.planning.build_plan``): from ``plan_file``, or by
+    ``scheme`` at ``coverage`` (``capacities``: per-rank shares, a balanced plan instead of
+    ``coverage``), balancing ``balance`` (``plan.objectives``), every unit held by at least
+    ``min_holders``; n-sdp splits each layer pair into ``neuron_groups`` groups of the pair
+    kinds ``neuron_kinds`` (None: defaults), ``rotate`` rotating the window by layer."""
+
+    coverage: float = 1.0
+    scheme: str = "spread"
+    balance: str = DEFAULT_BALANCE
+    capacities: tuple[float, ...] | None = None
+    min_holders: int = 1
+    neuron_groups: int | None = None
+    neuron_kinds: str | None = None
+    rotate: bool = False
+    plan_file: str | None = None
+    seed: int = 0
+
+    @classmethod
+    def of(cls, source: Any) -> PlanSpec:
+        """From a flat config (an object or a mapping) spelling PlanSpec's field names."""
+        values = _fields(cls, source)
+        if values["capacities"] is not None:
+            values["capacities"] = tuple(values["capacities"])
+        return cls(**values)
+
+    @property
+    def balanced(self) -> bool:
+        """Per-rank capacities are always a balanced plan."""
+        return self.capacities is not None or self.scheme == "balanced"
+
+    @property
+    def plan_coverage(self) -> float:
+        """The coverage the scheme gets (capacities replace it)."""
+        return 1.0 if self.capacities is not None else self.coverage

@@ -46,7 +46,7 @@ from subnetdp.bench.strategies import (
 from subnetdp.metrics.memory import CATEGORIES
 from subnetdp.parallelize import storage_dtype
 from subnetdp.plan import Plan, worker_bytes
-from subnetdp.strategy import Strategy, get_strategy
+from subnetdp.strategy import HOLDER_REDUCER, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.match import match_plan
 from subnetdp.subnet.pieces import Piece, full_pieces
@@ -279,7 +279,7 @@ def zero_state(spec: BenchSpec, rank: int, plan: Plan | None) -> dict[str, int]:
     if plan is None:
         units, shared = describe_units(meta, recipe.adapter)
         plan = make_plan(world=spec.world, units=units, coverage=1.0, shared_size=shared)
-        strategy = get_strategy("b-sdp")
+        strategy = HOLDER_REDUCER
     width, zero = spec.param_bytes, spec.composition().zero
     wb = worker_bytes(plan, rank, param_bytes=width, masking=strategy.cost_masking,
                       optimizer_states=optimizer_states(spec.recipe))

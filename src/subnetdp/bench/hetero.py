@@ -74,7 +74,7 @@ def plan_for_budgets(base: BenchSpec, budgets_gb: Sequence[float], *,
     ``world`` is the number of budgets."""
     if not budgets_gb or min(budgets_gb) <= 0:
         raise BudgetError(f"give one positive budget per worker, got {list(budgets_gb)}")
-    if base.strategy not in ("b-sdp", "bb-sdp"):
+    if not base.is_sdp or base.strategy_value.neuron_level:
         raise BudgetError(f"per-rank budgets need block units (b-sdp, bb-sdp), not "
                           f"{base.strategy}: neuron groups are equal per layer")
     spec = base.replace(world=len(budgets_gb), scheme="balanced", balance="memory",

@@ -22,6 +22,7 @@ fake process group (the memory estimator): see ``parallelize``'s ``fake``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,11 +41,13 @@ from subnetdp.strategy import (
     DTYPES,
     SDP_NAMES,
     Composition,
+    PlanSpec,
+    RankSpec,
     Strategy,
-    label,
+    composition_of,
     parse_label,
 )
-from subnetdp.subnet.planning import plan_for
+from subnetdp.subnet.planning import build_plan
 
 
 def optimizer_states(recipe: str) -> int:
@@ -93,9 +96,19 @@ class BenchSpec:
     min_holders: int = 1
     fsdp_prefetch: bool = True  # SDP + FSDP: prefetch adjacent held blocks (runtime.fsdp)
     zero: int = 0  # SDP: ZeRO-1/2 inside holder groups (runtime.zero); baselines: ddp+zero1/2
+    # the rest of strategy.Composition, as a run sets them (reduce_dtype needs fsdp)
+    reduce_dtype: str | None = None
+    output_scaling: str | None = None
+    refresh_every: int = 1
 
     def __post_init__(self) -> None:
-        strategy, _ = parse_label(self.strategy)
+        _ = self.rank  # decoded and checked now: a bad spec fails where it is made
+
+    @functools.cached_property
+    def rank(self) -> RankSpec:
+        """The label decoded once, with the flags composed onto it (checked): what every
+        property and the builders read."""
+        strategy, named = parse_label(self.strategy)  # a baseline's fsdp/ac are in its name
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not 0.0 < self.coverage <= 1.0:
@@ -105,18 +118,24 @@ class BenchSpec:
         if (self.fsdp or self.ac or self.zero) and not strategy.is_sdp:
             raise ValueError(f"fsdp/ac compose SDP strategies; for the baseline use the strategy "
                              f"name ({', '.join(BASELINES)}), not {self.strategy!r} + flags")
-        self.composition().check(strategy)
+        comp = composition_of(self).replace(fsdp=self.fsdp or named.fsdp,
+                                            ac=self.ac or named.ac, zero=self.zero or named.zero)
+        return RankSpec(strategy, comp)
 
     @property
     def strategy_value(self) -> Strategy:
         """The strategy without its composition (``fsdp+ac`` is ``ddp``)."""
-        return parse_label(self.strategy)[0]
+        return self.rank.strategy
 
     def composition(self) -> Composition:
-        _, named = parse_label(self.strategy)  # a baseline's fsdp/ac are in its name
-        return Composition(fsdp=self.fsdp or named.fsdp, ac=self.ac or named.ac,
-                           dtype=self.dtype, bucket_cap_mb=self.bucket_cap_mb,
-                           fsdp_prefetch=self.fsdp_prefetch, zero=self.zero or named.zero)
+        return self.rank.comp
+
+    @property
+    def plan_spec(self) -> PlanSpec:
+        """How this spec's SDP plan is made (``subnet.planning.build_plan``)."""
+        return PlanSpec(coverage=self.coverage, scheme=self.scheme, balance=self.balance,
+                        capacities=self.capacities, min_holders=self.min_holders,
+                        seed=self.seed)
 
     @property
     def is_sdp(self) -> bool:
@@ -155,12 +174,11 @@ class BenchSpec:
     @property
     def name(self) -> str:
         """The strategy with its composition, e.g. ``b-sdp+fsdp+ac``."""
-        return label(self.strategy_value, self.composition())
+        return self.rank.label()
 
     @property
     def label(self) -> str:
-        return label(self.strategy_value, self.composition(),
-                     self.coverage if self.is_sdp else None)
+        return self.rank.label(self.coverage)
 
     def replace(self, **changes: Any) -> BenchSpec:
         return dataclasses.replace(self, **changes)
@@ -194,16 +212,16 @@ def meta_model(spec: BenchSpec, *, check_seq: bool = True) -> tuple[Recipe, nn.M
 
 
 def make_bench_plan(spec: BenchSpec, model: nn.Module, recipe: Recipe) -> Plan:
-    """The plan of an SDP spec; baselines get the everyone-holds-everything block plan."""
-    costs = None
-    if spec.scheme == "balanced" and spec.balance != "params" and spec.is_sdp:
+    """The plan of an SDP spec (``subnet.planning.build_plan``; balanced: the units' costs at
+    this spec's batch); baselines get the everyone-holds-everything block plan."""
+    def costs(balance: str) -> Any:
         from subnetdp.subnet.costs import recipe_costs
 
-        costs = recipe_costs(recipe, batch=spec.batch, seq=spec.seq,
-                             model_args=dict(spec.model_args)).weights(spec.balance)
-    return plan_for(model, recipe.adapter, spec.strategy_value, world=spec.world,
-                    coverage=spec.coverage, seed=spec.seed, scheme=spec.scheme, costs=costs,
-                    capacities=spec.capacities, min_holders=spec.min_holders)
+        return recipe_costs(recipe, batch=spec.batch, seq=spec.seq,
+                            model_args=dict(spec.model_args)).weights(balance)
+
+    return build_plan(model, recipe.adapter, spec.strategy_value, spec.plan_spec,
+                      world=spec.world, costs=costs)
 
 
 def build_rank(
@@ -215,10 +233,9 @@ def build_rank(
     by ``parallelize``. ``fake=True``: inside ``FakeTensorMode`` (the estimator).
     ``prebuilt``: the ``meta_model(spec)`` pair, when it must be built outside fake mode."""
     recipe, model = prebuilt if prebuilt is not None else meta_model(spec)
-    strategy = spec.strategy_value
-    plan = make_bench_plan(spec, model, recipe) if strategy.is_sdp else None
-    rank = parallelize(model, adapter=recipe.adapter, strategy=strategy, plan=plan,
-                       comp=spec.composition(), device=device, seed=spec.seed, fake=fake)
+    plan = make_bench_plan(spec, model, recipe) if spec.is_sdp else None
+    rank = parallelize(model, adapter=recipe.adapter, strategy=spec.rank, plan=plan,
+                       device=device, seed=spec.seed, fake=fake)
     return Built(rank, _optimizer(rank, recipe), plan)
 
 

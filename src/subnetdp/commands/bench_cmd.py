@@ -66,24 +66,24 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
-    """The BenchSpec of a ``--strategy`` label with ``--fsdp``/``--ac`` composed onto it;
-    ``in_list`` (step/all): onto SDP strategies only, baselines keep their own names."""
+    """The BenchSpec of a ``--strategy`` label with ``--fsdp``/``--ac``/``--zero`` composed
+    onto it; ``in_list`` (step/all): onto SDP strategies only, baselines keep their own names."""
     from subnetdp.bench.strategies import BenchSpec
-    from subnetdp.strategy import label, parse_label
+    from subnetdp.strategy import RankSpec
 
-    strategy, comp = parse_label(text)
-    if strategy.is_sdp or not in_list:
-        comp = comp.replace(fsdp=comp.fsdp or args.fsdp, ac=comp.ac or args.ac,
-                            zero=comp.zero or args.zero)
-        comp.check(strategy)
-    # BenchSpec names a baseline by its label (fsdp+ac) and composes SDP through flags
-    name = strategy.name if strategy.is_sdp else label(strategy, comp)
-    sdp = strategy.is_sdp
-    return BenchSpec(recipe=args.recipe, strategy=name, world=args.world,
-                     batch=args.batch_size, seq=args.seq_len,
-                     coverage=args.coverage if sdp else 1.0, dtype=args.dtype,
-                     fsdp=comp.fsdp and sdp, ac=comp.ac and sdp, zero=comp.zero if sdp else 0,
+    spec = BenchSpec(recipe=args.recipe, strategy=text, world=args.world,
+                     batch=args.batch_size, seq=args.seq_len, dtype=args.dtype,
                      model_args=tuple(parse_model_arg(a) for a in args.model_arg))
+    if not spec.is_sdp and in_list:
+        return spec
+    comp = spec.composition()
+    comp = comp.replace(fsdp=comp.fsdp or args.fsdp, ac=comp.ac or args.ac,
+                        zero=comp.zero or args.zero)
+    if not spec.is_sdp:  # a baseline is named by its label: ddp with --fsdp is fsdp
+        return spec.replace(strategy=RankSpec(spec.strategy_value, comp).label())
+    # an SDP strategy by its name, composed through the flags
+    return spec.replace(strategy=spec.strategy_value.name, coverage=args.coverage,
+                        fsdp=comp.fsdp, ac=comp.ac, zero=comp.zero)
 
 
 def _strategies(args: argparse.Namespace) -> list[str]:

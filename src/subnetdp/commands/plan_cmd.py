@@ -40,20 +40,12 @@ from subnetdp.commands.options import (
     old_name,
     strategy_list,
 )
-from subnetdp.plan import (
-    Plan,
-    PlanError,
-    Unit,
-    diagnostics,
-    explicit_plan,
-    make_plan,
-    units_for_coverage,
-    worker_bytes,
-)
+from subnetdp.plan import Plan, PlanError, diagnostics, make_plan, units_for_coverage, worker_bytes
+from subnetdp.plan.files import read_plan_file
 from subnetdp.plan.schedule import ADJACENT, PREFETCH, ScheduleError, plan_schedules
 from subnetdp.plan.schedule import check as check_schedule
 from subnetdp.plan.schedule import summary as schedule_summary
-from subnetdp.strategy import MASTER_BYTES, get_strategy
+from subnetdp.strategy import MASTER_BYTES, PlanSpec, Strategy, get_strategy
 
 
 def add_parser(subparsers: Any) -> None:
@@ -123,19 +115,6 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _model_units(name: str) -> tuple[list[Unit], int]:
-    # Lazy: only a recipe needs torch; --units and --plan-file stay fast without it.
-    import torch
-
-    from subnetdp.models import get_recipe
-    from subnetdp.subnet.units import describe_units
-
-    recipe = get_recipe(name)
-    with torch.device("meta"):
-        model = recipe.build_model()
-    return describe_units(model, recipe.adapter)
-
-
 def _model_costs(args: argparse.Namespace) -> Any:
     """The recipe's measured unit costs (``subnet.costs``) at --batch-size/--seq-len."""
     from subnetdp.models import get_recipe
@@ -145,76 +124,76 @@ def _model_costs(args: argparse.Namespace) -> Any:
     return recipe_costs(recipe, batch=args.batch_size, seq=args.seq_len)
 
 
-def _load_explicit(path: str) -> tuple[list[list[Any]], list[Unit] | None, int | None]:
-    """(matrix, units, shared_size) from a bare matrix or a plan file; units None if absent."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise PlanError(f"cannot read --plan-file {path}: {e.strerror}") from e
-    except json.JSONDecodeError as e:
-        raise PlanError(f"--plan-file {path} is not valid JSON: {e}") from e
-    if isinstance(data, dict):
-        if "matrix" not in data:
-            raise PlanError(
-                f"--plan-file {path}: expected a list of rows or an object with 'matrix'"
-            )
-        units = None
-        if "units" in data:
-            units = [Unit(str(u["name"]), int(u["size"])) for u in data["units"]]
-        return data["matrix"], units, data.get("shared_size")
-    return data, None, None
+def _plan_spec(args: argparse.Namespace, capacities: list[float] | None) -> PlanSpec:
+    return PlanSpec(coverage=args.coverage if args.coverage is not None else 1.0,
+                    scheme=args.scheme or "spread", balance=args.balance,
+                    capacities=None if capacities is None else tuple(capacities),
+                    min_holders=args.min_holders, neuron_groups=args.neuron_groups,
+                    neuron_kinds=args.neuron_kinds, rotate=args.rotate, seed=args.seed)
 
 
-def _neuron_plan(args: argparse.Namespace) -> Plan:
+def _recipe_plan(args: argparse.Namespace, strategy: Strategy, spec: PlanSpec) -> Plan:
+    """The recipe's plan, by the one builder (``subnet.planning.build_plan``; torch, on the
+    meta device: nothing allocated)."""
     import torch
 
     from subnetdp.models import get_recipe
-    from subnetdp.subnet.neurons import make_neuron_plan
+    from subnetdp.subnet.planning import build_plan
 
-    if args.recipe is None or args.world is None or args.coverage is None:
-        raise PlanError(f"--strategy {args.strategy} needs --recipe NAME, --world N and "
-                        "--coverage C")
-    if args.plan_file is not None:
-        raise PlanError(f"--plan-file does not combine with --strategy {args.strategy} (its "
-                        "units are the recipe's neuron groups); give the saved plan to "
-                        "`train --plan-file` instead")
     recipe = get_recipe(args.recipe)
     with torch.device("meta"):
         model = recipe.build_model()
-    return make_neuron_plan(model, recipe.adapter, world=args.world, coverage=args.coverage,
-                            scheme=args.scheme or "spread", seed=args.seed,
-                            groups=args.neuron_groups, kinds=args.neuron_kinds,
-                            rotate=args.rotate)
+    return build_plan(model, recipe.adapter, strategy, spec, world=args.world,
+                      costs=lambda balance: _costs(args).weights(balance))
 
 
-def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
+def _costs(args: argparse.Namespace) -> Any:
+    if getattr(args, "costs", None) is None:
+        args.costs = _model_costs(args)  # kept for the report's per-rank cost table
+    return args.costs
+
+
+def _plan_from_file(args: argparse.Namespace) -> Plan:
+    """--plan-file (``plan.files.read_plan_file``, the reader ``train`` uses): a bare matrix
+    over --units/--recipe's units (default unit{i} of size 1), or a saved plan."""
+    if args.coverage is not None or args.scheme is not None:
+        raise PlanError("--coverage and --scheme do not apply with --plan-file; drop them")
+    units, shared = None, args.shared_size
+    if args.recipe is not None:  # its units are the matrix's columns (torch: the model)
+        import torch
+
+        from subnetdp.models import get_recipe
+        from subnetdp.subnet.units import describe_units
+
+        recipe = get_recipe(args.recipe)
+        with torch.device("meta"):
+            units, shared = describe_units(recipe.build_model(), recipe.adapter)
+    plan = read_plan_file(args.plan_file, units=units, shared_size=shared)
+    if args.units is not None and args.units != plan.num_units:
+        raise PlanError(f"--units {args.units} but the explicit matrix has {plan.num_units} "
+                        "columns")
+    if args.world is not None and args.world != plan.world:
+        raise PlanError(
+            f"--world {args.world} but the explicit matrix has {plan.world} rows (one per "
+            "worker); drop --world or fix the matrix"
+        )
+    return plan
+
+
+def plan_from_args(args: argparse.Namespace, strategy: Strategy) -> tuple[Plan, str | None]:
     """The plan the arguments describe, and the recipe name if one was used."""
-    if get_strategy(args.strategy).neuron_level:
-        return _neuron_plan(args), args.recipe
-    units: int | list[Unit] | None = args.units
-    shared = args.shared_size
-    if args.recipe is not None:
-        units, shared = _model_units(args.recipe)
+    if strategy.neuron_level:
+        if args.recipe is None or args.world is None or args.coverage is None:
+            raise PlanError(f"--strategy {strategy.name} needs --recipe NAME, --world N and "
+                            "--coverage C")
+        if args.plan_file is not None:
+            raise PlanError(f"--plan-file does not combine with --strategy {strategy.name} "
+                            "(its units are the recipe's neuron groups); give the saved plan "
+                            "to `train --plan-file` instead")
+        return _recipe_plan(args, strategy, _plan_spec(args, None)), args.recipe
     if args.plan_file is not None:
-        if args.coverage is not None or args.scheme is not None:
-            raise PlanError("--coverage and --scheme do not apply with --plan-file; drop them")
-        matrix, file_units, file_shared = _load_explicit(args.plan_file)
-        width = len(matrix[0]) if matrix and isinstance(matrix[0], list) else 0
-        if isinstance(units, int):
-            if units != width:
-                raise PlanError(f"--units {units} but the explicit matrix has {width} columns")
-            units = None
-        if units is None and file_units is not None:
-            units, shared = file_units, file_shared or 0
-        plan = explicit_plan(matrix, units, shared_size=shared)
-        if args.world is not None and args.world != plan.world:
-            raise PlanError(
-                f"--world {args.world} but the explicit matrix has {plan.world} rows (one per "
-                "worker); drop --world or fix the matrix"
-            )
-        return plan, args.recipe
-    if units is None:
+        return _plan_from_file(args), args.recipe
+    if args.units is None and args.recipe is None:
         raise PlanError("give --units N or --recipe NAME (or --plan-file FILE)")
     if args.world is None:
         raise PlanError("give --world N, the number of workers")
@@ -222,25 +201,16 @@ def build_plan(args: argparse.Namespace) -> tuple[Plan, str | None]:
     if capacities is not None:
         if args.scheme not in (None, "balanced"):
             raise PlanError("--capacities needs --scheme balanced (the default with it)")
-        args.scheme = "balanced"
     elif args.coverage is None:
         raise PlanError("give --coverage C in (0, 1], the fraction of units each worker holds")
-    costs = None
-    if args.scheme == "balanced" and args.recipe is not None:
-        args.costs = _model_costs(args)  # kept for the report's per-rank cost table
-        costs = args.costs.weights(args.balance)
-    plan = make_plan(
-        world=args.world,
-        units=units,
-        coverage=1.0 if capacities is not None else args.coverage,
-        scheme=args.scheme or "spread",
-        seed=args.seed,
-        shared_size=shared,
-        costs=costs,
-        capacities=capacities,
-        min_holders=args.min_holders,
-    )
-    return plan, args.recipe
+    spec = _plan_spec(args, capacities)
+    if args.recipe is not None:
+        return _recipe_plan(args, strategy, spec), args.recipe
+    # --units: equal units of size 1, pure maths (no model, no torch)
+    return make_plan(world=args.world, units=args.units, coverage=spec.plan_coverage,
+                     scheme="balanced" if spec.balanced else spec.scheme, seed=spec.seed,
+                     shared_size=args.shared_size, capacities=capacities,
+                     min_holders=spec.min_holders), None
 
 
 def _capacities(text: str | None, world: int) -> list[float] | None:
@@ -454,8 +424,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``subnetdp plan``; 0 on success, 2 on a user error (message on stderr)."""
     if args.memory_gb is not None:
         return _budget(args)
+    strategy = get_strategy(args.strategy)
     try:
-        plan, recipe = build_plan(args)
+        plan, recipe = plan_from_args(args, strategy)
         if args.save:
             with open(args.save, "w") as f:
                 f.write(plan.to_json() + "\n")
@@ -464,15 +435,14 @@ def run(args: argparse.Namespace) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"subnetdp plan: error: {msg}", file=sys.stderr)
         return 2
-    costs = getattr(args, "costs", None)
-    if costs is None and recipe is not None and not get_strategy(args.strategy).neuron_level:
-        costs = _model_costs(args)
+    costs = None
+    if recipe is not None and not strategy.neuron_level:
+        costs = _costs(args)
     rep = report(plan, recipe, param_bytes=MASTER_BYTES[args.dtype],
                  optimizer_states=args.optimizer_states,
-                 masking=get_strategy(args.strategy).cost_masking, costs=costs,
+                 masking=strategy.cost_masking, costs=costs,
                  balance=args.balance if plan.scheme == "balanced" else None)
     if args.check_schedule:
-        strategy = get_strategy(args.strategy)
         schedules = plan_schedules(plan, fsdp=args.fsdp, neuron_level=strategy.neuron_level,
                                    backward_masked=strategy.backward_masked,
                                    prefetch=args.prefetch)

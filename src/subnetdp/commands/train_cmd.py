@@ -71,7 +71,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
     s.add_argument("--neuron-dropout", type=float, default=d.neuron_dropout, metavar="P",
                    help="ddp baseline: drop whole hidden units/heads/channels of every layer "
                         "pair with probability P (inverted dropout)")
-    add_plan_file_argument(s, help="an SDP plan JSON (`subnetdp plan --out`) instead of "
+    add_plan_file_argument(s, help="a saved plan (`subnetdp plan --out`) or a JSON matrix "
+                                   "[worker][unit] of 0/1 over the model's blocks, instead of "
                                    "--coverage/--scheme (default: made from them)")
     # heterogeneous workers (train/hetero.py): one value per worker, instead of --coverage
     s.add_argument("--capacities", type=_floats, metavar="C0,C1,...",

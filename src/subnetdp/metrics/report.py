@@ -9,8 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from subnetdp.strategy import Composition, get_strategy
-from subnetdp.strategy import label as strategy_label
+from subnetdp.strategy import RankSpec, composition_of
 
 MiB = 2**20
 
@@ -68,12 +67,13 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def label(summary: dict[str, Any]) -> str:
-    """A run's column header: ``strategy.label`` of its strategy and composition, e.g.
-    ``ddp``, ``fsdp+ac``, ``b-sdp (C=0.5)``."""
-    cfg = summary.get("config", {})
-    strategy = get_strategy(summary["strategy"])
-    comp = Composition(fsdp=cfg.get("fsdp", False), ac=cfg.get("ac", False))
-    return strategy_label(strategy, comp, summary["coverage"] if strategy.is_sdp else None)
+    """A run's column header: the label its run wrote (``strategy.label`` of its strategy and
+    composition, e.g. ``ddp``, ``fsdp+ac``, ``b-sdp+zero2 (C=0.5)``); for a summary written
+    before runs recorded it, the same label made from the run's config."""
+    if "label" in summary:
+        return str(summary["label"])
+    spec = RankSpec.of(summary["strategy"], composition_of(summary.get("config", {})))
+    return spec.label(summary["coverage"])
 
 
 def _cell(fmt: Callable[[float], str], value: float) -> str:

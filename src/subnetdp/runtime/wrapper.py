@@ -26,7 +26,7 @@ from subnetdp.runtime.grouped import group_layers
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.reducer import CommStats
 from subnetdp.runtime.zero import ZeroOptimizer
-from subnetdp.strategy import Composition, Strategy, get_strategy
+from subnetdp.strategy import Composition, RankSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.build import drop_units, is_on_meta, materialize, narrow_tensors
 from subnetdp.subnet.match import match_plan
@@ -80,6 +80,7 @@ class SubnetDataParallel(nn.Module):
         reduce_dtype: torch.dtype | None = None,
         fsdp_prefetch: bool = True,
         zero: int = 0,
+        spec: RankSpec | None = None,
     ) -> None:
         """``fsdp``: shard each held unit over its holders (FSDP2) and shared parameters over
         all workers (``runtime.fsdp``); ``activation_checkpointing``: recompute every block in
@@ -92,21 +93,31 @@ class SubnetDataParallel(nn.Module):
         over each bucket's holders ([Note: ZeRO in holder groups] in ``runtime.zero``; build
         the optimizer with ``self.optimizer``). Every rank checks that the collectives it and
         its peers will issue admit one global order (``plan.schedule``) and raises
-        ``ScheduleError`` if not."""
+        ``ScheduleError`` if not.
+
+        ``spec``: the strategy and composition already checked (``parallelize``'s), in place
+        of ``strategy`` and the composition keywords, with a plan already validated (every
+        plan builder and reader validates): nothing is checked again."""
         super().__init__()
-        strat = get_strategy(strategy)
+        checked = spec is not None
+        if spec is None:  # the public keywords: decoded and checked here, once
+            spec = RankSpec.of(strategy, Composition(
+                fsdp=fsdp, ac=activation_checkpointing, output_scaling=output_scaling,
+                refresh_every=refresh_every, bucket_cap_mb=bucket_cap_mb,
+                fsdp_prefetch=fsdp_prefetch, zero=zero))
+            if reduce_dtype is not None and not fsdp:
+                raise ValueError("reduce_dtype needs fsdp=True (the plain reducer averages in "
+                                 "the gradients' own dtype)")
+        strat, comp = spec.strategy, spec.comp
         if not strat.is_sdp:
             raise ValueError("SubnetDataParallel trains subnetworks; for 'ddp' use "
                              "subnetdp.parallelize (torch DDP) or DistributedDataParallel")
-        Composition(fsdp=fsdp, output_scaling=output_scaling, refresh_every=refresh_every,
-                    bucket_cap_mb=bucket_cap_mb, zero=zero).check(strat)
-        if reduce_dtype is not None and not fsdp:
-            raise ValueError("reduce_dtype needs fsdp=True (the plain reducer averages in the "
-                             "gradients' own dtype)")
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before wrapping")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        plan.validate(self.world)
+        if not checked or plan.world != self.world:
+            plan.validate(self.world)  # a checked plan: only to say how to rebuild it
+        fsdp, zero, output_scaling = comp.fsdp, comp.zero, comp.output_scaling
         self.plan, self.adapter, self.strategy = plan, adapter, strat
         neuron_groups = match_plan(plan, module, adapter, strat)
         self.unit_names = [u.name for u in plan.units]
@@ -131,24 +142,25 @@ class SubnetDataParallel(nn.Module):
         scaling = output_scaling or strat.default_output_scaling
         self._scaling_hooks = (scale_kept_outputs(module, neuron_groups, self.held_units)
                                if scaling == "keep" and neuron_groups else [])
-        if activation_checkpointing:  # before sharding: FSDP's hooks stay outside recompute
+        if comp.ac:  # before sharding: FSDP's hooks stay outside recompute
             checkpoint_blocks(module, [name for name, m in unit_modules(module, adapter)
                                        if any(True for _ in m.parameters())])
         self.backend: Backend = (
             FSDPBackend(module, plan=plan, rank=self.rank, groups=self.groups, adapter=adapter,
                         pieces=self.pieces, local=self.local, held=self.held_units,
                         strategy=strat, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                        device=dev, prefetch=fsdp_prefetch)
+                        device=dev, prefetch=comp.fsdp_prefetch)
             if fsdp else
             ReducerBackend(module, plan=plan, rank=self.rank, groups=self.groups,
                            pieces=self.pieces, local=self.local, held=self.held_units,
-                           strategy=strat, bucket_cap_mb=bucket_cap_mb, param_dtype=param_dtype,
+                           strategy=strat, bucket_cap_mb=comp.bucket_cap_mb,
+                           param_dtype=param_dtype,
                            zero=zero)
         )
         self.zero = zero
         self._zero_opt: ZeroOptimizer | None = None  # the latest optimizer built under zero
         self.fsdp = fsdp
-        self.refresh_every = refresh_every
+        self.refresh_every = comp.refresh_every
         self._refreshed_through = 0  # reductions already followed by a refresh
         if materialised and self.backend.refresher is not None:
             # Backward masking runs every unit; a non-holder's copy came from its own init

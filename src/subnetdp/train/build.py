@@ -15,29 +15,21 @@ from subnetdp.models import Recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.plan import Plan
 from subnetdp.runtime.rank import RankModel
-from subnetdp.strategy import get_strategy
-from subnetdp.subnet.planning import plan_for
+from subnetdp.subnet.planning import build_plan
 from subnetdp.train.config import TrainConfig
 
 
-def build_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -> Plan:
-    """The run's plan: from --plan-file, or from the scheme; DDP is the everyone-holds-all plan."""
-    if cfg.plan_file:
-        plan = Plan.from_json(Path(cfg.plan_file).read_text())
-        plan.validate(world)
-        return plan
-    costs = None
-    scheme = "balanced" if cfg.capacities is not None else cfg.scheme  # train/hetero.py
-    if scheme == "balanced" and cfg.balance != "params":  # params: the units' sizes
+def run_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -> Plan:
+    """The run's plan (``subnet.planning.build_plan``): from --plan-file or the scheme; balanced
+    plans balance the units' costs measured at the run's batch."""
+    def costs(balance: str) -> Any:
         from subnetdp.subnet.costs import recipe_costs
 
-        costs = recipe_costs(recipe, batch=cfg.batch_size, seq=cfg.seq_len,
-                             model_args=cfg.model_args).weights(cfg.balance)
-    return plan_for(model, recipe.adapter, get_strategy(cfg.strategy), world=world,
-                    coverage=1.0 if cfg.capacities is not None else cfg.coverage,
-                    scheme=scheme, seed=cfg.seed, capacities=cfg.capacities,
-                    neuron_groups=cfg.neuron_groups, neuron_kinds=cfg.neuron_kinds,
-                    rotate=cfg.rotate, costs=costs, min_holders=cfg.min_holders)
+        return recipe_costs(recipe, batch=cfg.batch_size, seq=cfg.seq_len,
+                            model_args=cfg.model_args).weights(balance)
+
+    return build_plan(model, recipe.adapter, cfg.strategy_value, cfg.plan_spec, world=world,
+                      costs=costs)
 
 
 def build_rank(
@@ -47,11 +39,9 @@ def build_rank(
     that SDP never allocates units this rank does not hold."""
     with torch.device("meta"):
         model = recipe.build_model(**overrides)
-    strategy = get_strategy(cfg.strategy)
     return parallelize(
-        model, adapter=recipe.adapter, strategy=strategy, plan=plan, comp=cfg.composition(),
-        device=device, seed=cfg.seed,
-        prepare_full=lambda full: apply_ddp_baselines(cfg, recipe, full),
+        model, adapter=recipe.adapter, strategy=cfg.rank_spec, plan=plan, device=device,
+        seed=cfg.seed, prepare_full=lambda full: apply_ddp_baselines(cfg, recipe, full),
         # a block skipped by stochastic depth on this rank has no gradient here
         find_unused_parameters=cfg.stochastic_depth > 0,
     )

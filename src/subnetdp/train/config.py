@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
-from subnetdp.strategy import Composition, Strategy, get_strategy
+from subnetdp.strategy import Composition, PlanSpec, RankSpec, Strategy, composition_of
 
 
 @dataclass
@@ -132,24 +133,40 @@ class TrainConfig:
         cfg.validate(recipe.task)
         return cfg
 
+    # [Note: values decoded once]
+    # The fields above are the run's file form (config.json, TOML, the command line): the
+    # strategy's name and flat options. A run's code reads the values instead, decoded here
+    # once per config (and carried along when a config is pickled to a worker): nothing below
+    # compares strategy names or rebuilds a Composition. A config is not edited after its
+    # values are read (``dataclasses.replace`` makes a new one).
+    @functools.cached_property
+    def rank_spec(self) -> RankSpec:
+        """The run's strategy and composition, checked together."""
+        return RankSpec.of(self.strategy, composition_of(self))
+
+    @functools.cached_property
+    def plan_spec(self) -> PlanSpec:
+        """How the run's plan is made (``subnet.planning.build_plan``)."""
+        return PlanSpec.of(self)
+
     @property
     def strategy_value(self) -> Strategy:
         """The run's ``Strategy`` (``strategy`` is its name, as stored in config.json)."""
-        return get_strategy(self.strategy)
+        return self.rank_spec.strategy
 
     def composition(self) -> Composition:
         """How the run's rank is built around its strategy (``parallelize`` reads this)."""
-        return Composition(fsdp=self.fsdp, ac=self.ac, dtype=self.dtype,
-                           reduce_dtype=self.reduce_dtype, bucket_cap_mb=self.bucket_cap_mb,
-                           output_scaling=self.output_scaling,
-                           refresh_every=self.refresh_every, zero=self.zero)
+        return self.rank_spec.comp
+
+    def label(self, coverage: float | None = None) -> str:
+        """The run's name in summary.json and reports (``strategy.label``)."""
+        return self.rank_spec.label(coverage)
 
     def validate(self, task: str) -> None:
         def bad(msg: str) -> None:
             raise ValueError(msg)
 
-        strategy = self.strategy_value
-        self.composition().check(strategy)
+        strategy = self.rank_spec.strategy  # checks the composition too
         if self.plan_file is not None and not strategy.is_sdp:
             bad("--plan-file needs an SDP strategy (ddp holds the whole model); drop it")
         parse_balance(self.balance)  # a PlanError (ValueError) that says what is allowed

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.metrics.sinks import rank_jsonl_path
+from subnetdp.plan import Plan
 from subnetdp.train.ckpt_io import checkpoints_root, newest_checkpoint, read_manifest
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.launch import WorkerFailedError, launch
@@ -52,12 +53,16 @@ def check_replan_options(cfg: TrainConfig) -> None:
 
 
 def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
-                     start_method: str | None = None, **launch_kw: Any) -> dict[int, Any]:
-    """``launch(fn, (cfg,), **launch_kw)``, shrinking by one worker after each loss for good
-    ([Note: elastic shrink]). Returns the last attempt's ``{rank: result}``."""
+                     plan: Plan | None = None, start_method: str | None = None,
+                     **launch_kw: Any) -> dict[int, Any]:
+    """``launch(fn, (cfg, plan), **launch_kw)``, shrinking by one worker after each loss for
+    good ([Note: elastic shrink]). ``plan``: the run's plan, handed to the first group (a
+    shrunk group re-plans for its world: ``fn`` then gets the config alone). Returns the last
+    attempt's ``{rank: result}``."""
     while True:
+        args = (cfg.to_dict(),) if plan is None else (cfg.to_dict(), plan)
         try:
-            return launch(fn, (cfg.to_dict(),), nproc=cfg.nproc, run_id=run_id,
+            return launch(fn, args, nproc=cfg.nproc, run_id=run_id,
                           max_restarts=cfg.max_restarts, start_method=start_method, **launch_kw)
         except WorkerFailedError as e:
             smaller = shrunk_config(cfg, e.failures)
@@ -66,7 +71,7 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
             print(f"subnetdp train: {_lost(e.failures)} of {cfg.nproc} workers lost for good; "
                   f"going on with {smaller.nproc} from {smaller.resume} (resharded; the steps "
                   "after it are replayed)", file=sys.stderr)
-            cfg = smaller
+            cfg, plan = smaller, None
 
 
 def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> TrainConfig | None:

@@ -3,16 +3,19 @@
 ``--capacities 1,0.5,0.5,0.5``: every rank builds the same balanced plan (deterministic, from
 the cost model) with rank i holding about ``capacities[i]`` of the units' cost. ``--memory-gb
 80,40,40,40``: the launching process turns the budgets into such a plan (balanced on memory)
-with ``bench.hetero.plan_for_budgets`` (every rank checked by the fake-tensor estimator, which needs
-a process without a process group), writes it to the run folder and hands the workers that
-plan file, so they never run the estimator. Both refuse bad input before any worker starts.
+with ``bench.hetero.plan_for_budgets`` (every rank checked by the fake-tensor estimator, which
+needs a process without a process group) before the pre-launch checks, which check that plan;
+it is written to the run folder and handed to the workers, so they never run the estimator.
+Both refuse bad input before any worker starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
+from subnetdp.plan import Plan
 from subnetdp.train.config import TrainConfig
 
 BUDGET_PLAN = "budget_plan.json"  # in the run folder: the plan --memory-gb made
@@ -30,7 +33,7 @@ def check_hetero(cfg: TrainConfig) -> None:
     strategy = cfg.strategy_value
     if not strategy.is_sdp or strategy.neuron_level:
         raise ValueError(f"{name} needs block units (--strategy b-sdp or bb-sdp), not "
-                         f"{cfg.strategy}")
+                         f"{strategy.name}")
     if not values or min(values) <= 0:
         raise ValueError(f"{name} needs one positive value per worker, got {values}")
     if cfg.capacities is not None and max(cfg.capacities) > 1:
@@ -38,13 +41,12 @@ def check_hetero(cfg: TrainConfig) -> None:
                          f"{cfg.capacities}")
 
 
-def prepare_hetero(cfg: TrainConfig, world: int, *, worker: bool = False) -> TrainConfig:
-    """Before the workers start: check the number of values against the world, and turn
-    --memory-gb into a plan file in the run folder (the returned config names it).
+def check_world(cfg: TrainConfig, world: int, *, worker: bool = False) -> None:
+    """Before the workers start: one --capacities/--memory-gb value per worker.
     ``worker``: this process is already one of the workers (torchrun)."""
     values = cfg.capacities if cfg.capacities is not None else cfg.memory_gb
     if values is None:
-        return cfg
+        return
     if worker and cfg.memory_gb is not None:
         raise ValueError("under torchrun, make the plan first: subnetdp plan --recipe ... "
                          "--memory-gb ... --save plan.json, then train with --plan-file "
@@ -53,16 +55,21 @@ def prepare_hetero(cfg: TrainConfig, world: int, *, worker: bool = False) -> Tra
     if len(values) != world:
         raise ValueError(f"{name} has {len(values)} values for {world} workers; give one per "
                          "worker (or change --nproc)")
+
+
+def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
+    """--memory-gb: the balanced plan in which every rank's estimated peak fits its budget
+    (None without --memory-gb). Made before the pre-launch checks, which check this plan."""
     if cfg.memory_gb is None:
-        return cfg
+        return None
+    check_world(cfg, world)
     from subnetdp.bench.hetero import BudgetError, format_budget_plan, plan_for_budgets
     from subnetdp.bench.strategies import BenchSpec, make_bench_plan, meta_model
 
     assert cfg.batch_size is not None
-    spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy, world=world,
-                     batch=cfg.batch_size, seq=max(2, cfg.seq_len or 2), dtype=cfg.dtype,
-                     fsdp=cfg.fsdp, ac=cfg.ac, seed=cfg.seed, bucket_cap_mb=cfg.bucket_cap_mb,
-                     zero=cfg.zero if cfg.strategy_value.is_sdp else 0,
+    spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy_value.name, world=world,
+                     batch=cfg.batch_size, seq=max(2, cfg.seq_len or 2),
+                     **bench_composition(cfg), seed=cfg.seed,
                      model_args=tuple(sorted(cfg.model_args.items())),
                      min_holders=cfg.min_holders)
     try:
@@ -70,9 +77,24 @@ def prepare_hetero(cfg: TrainConfig, world: int, *, worker: bool = False) -> Tra
     except BudgetError as e:
         raise ValueError(str(e)) from None
     recipe, meta = meta_model(bp.spec)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / BUDGET_PLAN).write_text(make_bench_plan(bp.spec, meta, recipe).to_json() + "\n")
     if cfg.progress:
         print(format_budget_plan(bp))
+    return make_bench_plan(bp.spec, meta, recipe)
+
+
+def bench_composition(cfg: TrainConfig) -> dict[str, Any]:
+    """The run's composition as ``BenchSpec`` fields (the budget estimate sizes this run)."""
+    comp = cfg.composition()
+    return {f.name: getattr(comp, f.name) for f in dataclasses.fields(comp)
+            if f.name not in ("ddp_bucket_view", "fsdp_prefetch")}
+
+
+def write_budget_plan(cfg: TrainConfig, plan: Plan | None) -> TrainConfig:
+    """The --memory-gb plan into the run folder (once the folder is this run's); the returned
+    config names it, so that a resume or a replay reads the same plan."""
+    if plan is None or cfg.memory_gb is None:
+        return cfg
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / BUDGET_PLAN).write_text(plan.to_json() + "\n")
     return dataclasses.replace(cfg, memory_gb=None, plan_file=str(out / BUDGET_PLAN))

@@ -27,7 +27,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     # torch, the models and the trainer load when a run starts, not on import
     from subnetdp.metrics.progress import LiveBar
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
-    from subnetdp.train.hetero import prepare_hetero
+    from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
     from subnetdp.train.launch import WorkerFailedError, under_launcher
     from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count
     from subnetdp.train.rundir import check_fresh, hold_run_folder
@@ -35,6 +35,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.train.trainer import train_worker
 
     cfg = cfg.resolved()
+    plan = None  # under torchrun every worker makes its own
     if not under_launcher():
         from subnetdp.train.validate import preflight
 
@@ -42,8 +43,10 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
             say("checking the model, plan and data (the first run also builds the tokenizer) "
                 "...")
         # the tokenizer/token cache is built once, here, before the workers start; then the
-        # model, plan, data and folder are checked on the meta device (train/validate.py)
-        preflight(cfg, make_task(cfg))
+        # model, the plan that will run (read or built once, here: the workers get it), data
+        # and folder are checked on the meta device (train/validate.py)
+        task = make_task(cfg)
+        plan = preflight(cfg, task, budget_plan(cfg, cfg.nproc))
         # Refuse a damaged checkpoint or one for another world before anything is written.
         if cfg.resume:
             preflight_resume(cfg)
@@ -56,8 +59,9 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         if owner and restart_count() == 0:  # a torchrun restart continues its own folder
             check_fresh(Path(cfg.out), resume=bool(cfg.resume), overwrite=cfg.overwrite)
         # --capacities/--memory-gb (train/hetero.py); under torchrun each worker checks them
-        cfg = (prepare_hetero(cfg, int(os.environ["WORLD_SIZE"]), worker=True)
-               if under_launcher() else prepare_hetero(cfg, cfg.nproc))
+        check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else cfg.nproc,
+                    worker=under_launcher())
+        cfg = write_budget_plan(cfg, plan)
         run_id = f"subnetdp-{int(time.time())}"
         # on a terminal this process draws rank 0's progress as a live bar; else its lines
         # are echoed here (tee) as they are
@@ -68,7 +72,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
             with (LiveBar(logs, f"{run_id}_*/attempt_*/0/stdout.log") if live
                   else contextlib.nullcontext()):
                 results = launch_shrinking(
-                    train_worker, cfg, run_id=run_id, start_method=start_method,
+                    train_worker, cfg, plan=plan, run_id=run_id, start_method=start_method,
                     log_dir=str(logs), tee_rank0=not live,
                     start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout))
         except WorkerFailedError as e:

@@ -27,10 +27,10 @@ from subnetdp.metrics.tracking import (
     peak_flops,
 )
 from subnetdp.models import get_recipe
-from subnetdp.plan import diagnostics, worker_bytes
+from subnetdp.plan import Plan, diagnostics, worker_bytes
 from subnetdp.runtime.rank import RankModel
 from subnetdp.subnet.build import build_full_model
-from subnetdp.train.build import build_plan, build_rank, make_optimizer, save_plan
+from subnetdp.train.build import build_rank, make_optimizer, run_plan, save_plan
 from subnetdp.train.checkpoint import Checkpointer, RunStoppedError, run_info
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.device import run_device, to_device
@@ -68,15 +68,17 @@ def train_step(
     return loss.detach(), None if norm is None else norm.detach()
 
 
-def train_worker(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """One worker's whole run; rank 0 also writes ``summary.json``. Returns this rank's stats."""
+def train_worker(cfg_dict: dict[str, Any], plan: Plan | None = None) -> dict[str, Any]:
+    """One worker's whole run; rank 0 also writes ``summary.json``. Returns this rank's stats.
+    ``plan``: the run's plan, read and validated by the launching process (None: build it
+    here, as under torchrun or after an elastic shrink)."""
     cfg = TrainConfig.from_dict(cfg_dict)
     # start-up (model build, restore) may be slow; the steps get --collective-timeout
     rank, world = init_distributed("gloo" if cfg.device == "cpu" else None,
                                    timeout=slow_timeout(cfg.collective_timeout))
     try:
         with naming_silent_ranks(rank, world):
-            return _run(cfg, rank, world)
+            return _run(cfg, rank, world, plan)
     except RunStoppedError as e:
         # All ranks stop at the same step (the check is collective). Returning rather than
         # raising tells torch elastic not to restart a run that would only diverge again
@@ -157,7 +159,7 @@ class _Window:
 # makes each window's total exact).
 
 
-def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
+def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str, Any]:
     out = Path(cfg.out)
     check_shared_folder(out, rank)  # a node-local --out fails here, not at the first checkpoint
     out.mkdir(parents=True, exist_ok=True)
@@ -168,8 +170,9 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     recipe = get_recipe(cfg.recipe)
     task = make_task(cfg)
     overrides = task.model_overrides()
-    with torch.device("meta"):
-        plan = build_plan(cfg, recipe.build_model(**overrides), recipe, world)
+    if plan is None:
+        with torch.device("meta"):
+            plan = run_plan(cfg, recipe.build_model(**overrides), recipe, world)
     model = build_rank(cfg, recipe, plan, device, overrides)
     opt, sched = make_optimizer(cfg, recipe, model)
     ckpt = Checkpointer(out, model, opt, sched, plan=plan, cfg=cfg, rank=rank, world=world,
@@ -189,8 +192,8 @@ def _run(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     memory: dict[str, Any] = {}
     step_bytes: list[int] = []
     refresh_bytes: list[int] = []  # backward masking: owners -> non-holders, before forward
-    progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress, desc=cfg.strategy,
-                        start=start)
+    progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress,
+                        desc=cfg.strategy_value.name, start=start)
     comm = model.comm_stats
     window = _Window()
     peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -329,11 +332,13 @@ def _summary(
 ) -> dict[str, Any]:
     diag = diagnostics(plan)
     step_time = max(r["step_time_s"] for r in ranks)  # the slowest rank sets the pace
+    # what the plan gives (a --plan-file's, the units' rounding), not the option
+    coverage = round(statistics.fmean(diag["unit_coverage"]), 6)
     return {
         "recipe": cfg.recipe,
-        "strategy": cfg.strategy,
-        # what the plan gives (a --plan-file's, the units' rounding), not the option
-        "coverage": round(statistics.fmean(diag["unit_coverage"]), 6),
+        "strategy": cfg.strategy_value.name,
+        "label": cfg.label(coverage),  # the run's name in reports, e.g. b-sdp+zero2 (C=0.5)
+        "coverage": coverage,
         "world": world,
         "steps": cfg.steps,
         "final_train_loss": statistics.fmean(r["final_train_loss"] for r in ranks),

@@ -15,17 +15,19 @@ from typing import Any
 
 import torch
 
+from subnetdp.plan import Plan
 from subnetdp.train.config import TrainConfig
 
 __all__ = ["check_out_writable", "preflight"]
 
 
-def preflight(cfg: TrainConfig, task: Any) -> None:
-    """``cfg`` resolved and validated, ``task`` its ``make_task``: raise before launch."""
+def preflight(cfg: TrainConfig, task: Any, plan: Plan | None = None) -> Plan:
+    """``cfg`` resolved and validated, ``task`` its ``make_task``: raise before launch.
+    Returns the plan the workers will run (checked against the model): ``plan`` (e.g. the
+    --memory-gb budget plan), else the run's own, read or built here once."""
     from subnetdp.models import get_recipe
-    from subnetdp.strategy import get_strategy
     from subnetdp.subnet.match import match_plan
-    from subnetdp.train.build import build_plan
+    from subnetdp.train.build import run_plan
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available on this machine (torch "
@@ -38,13 +40,15 @@ def preflight(cfg: TrainConfig, task: Any) -> None:
         except TypeError as e:  # e.g. a model class refusing an unknown keyword
             given = " ".join(f"{k}={v!r}" for k, v in cfg.model_args.items())
             raise ValueError(f"--model-arg {given}: {e}") from e
-        plan = build_plan(cfg, model, recipe, cfg.nproc)
-        match_plan(plan, model, recipe.adapter, get_strategy(cfg.strategy))
+        if plan is None:
+            plan = run_plan(cfg, model, recipe, cfg.nproc)
+        match_plan(plan, model, recipe.adapter, cfg.strategy_value)
     if recipe.task == "lm":
         _check_tokens(cfg, task, model)
     else:
         _check_images(cfg, task)
     check_out_writable(Path(cfg.out))
+    return plan
 
 
 def _check_tokens(cfg: TrainConfig, task: Any, model: Any) -> None:
