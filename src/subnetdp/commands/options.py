@@ -167,12 +167,19 @@ def add_scheme_arguments(p: Container, *, default: str | None) -> None:
 
 def strategy_list(text: str) -> list[str]:
     """A comma-separated ``--strategies`` value, each entry checked like ``--strategy``."""
+    return [_label(s.strip())[0] for s in text.split(",") if s.strip()]
+
+
+def searched_strategy_list(text: str) -> list[tuple[str, str | None]]:
+    """``plan --memory-gb --strategies``: each entry checked like ``--strategy``, with the
+    name of its strategy when that is an SDP one (the command refuses composed SDP labels)."""
     return [_label(s.strip()) for s in text.split(",") if s.strip()]
 
 
-def _label(text: str) -> str:
+def _label(text: str) -> tuple[str, str | None]:
+    """``text`` checked, and the name of its strategy when that is an SDP one."""
     try:
-        parse_label(text)
+        strategy = parse_label(text)[0]
     except ValueError as e:  # argparse shows an ArgumentTypeError's message as is
         raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+    return text, strategy.name if strategy.is_sdp else None

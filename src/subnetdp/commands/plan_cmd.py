@@ -38,7 +38,7 @@ from subnetdp.commands.options import (
     add_scheme_arguments,
     add_strategy_argument,
     old_name,
-    strategy_list,
+    searched_strategy_list,
 )
 from subnetdp.plan import Plan, PlanError, diagnostics, make_plan, units_for_coverage, worker_bytes
 from subnetdp.plan.files import read_plan_file
@@ -105,7 +105,7 @@ def add_parser(subparsers: Any) -> None:
                              "fake-mode estimate per configuration tried, a line each on "
                              "stderr (llama-1b at --nproc 8 on 2 CPU cores: about 2 min "
                              "each, at most 20 for all strategies)")
-    budget.add_argument("--strategies", type=strategy_list, metavar="S[,S...]",
+    budget.add_argument("--strategies", type=searched_strategy_list, metavar="S[,S...]",
                         help="one budget: search only these, e.g. b-sdp,ddp (baselines by "
                              "name: fsdp+ac; SDP composed by --fsdp/--ac; default: all)")
     add_batch_arguments(budget, batch_size=None, seq_len=None,
@@ -381,19 +381,16 @@ def _progress(line: str) -> None:
     print(f"subnetdp plan: {line}", file=sys.stderr, flush=True)
 
 
-def _searched(strategies: list[str] | None) -> tuple[str, ...] | None:
+def _searched(strategies: list[tuple[str, str | None]] | None) -> tuple[str, ...] | None:
     """``--strategies`` as ``plan_budget`` takes them: baselines by label, SDP strategies by
     name (their composition is --fsdp/--ac, the same for all of them)."""
-    from subnetdp.strategy import parse_label
-
     if not strategies:
         return None
-    for text in strategies:
-        strategy = parse_label(text)[0]
-        if strategy.is_sdp and text != strategy.name:
-            raise ValueError(f"--strategies {text}: name SDP strategies plainly ("
-                             f"{strategy.name}) and compose them with --fsdp/--ac")
-    return tuple(strategies)
+    for text, sdp_name in strategies:
+        if sdp_name is not None and text != sdp_name:
+            raise ValueError(f"--strategies {text}: name SDP strategies plainly ({sdp_name}) "
+                             "and compose them with --fsdp/--ac")
+    return tuple(text for text, _ in strategies)
 
 
 def _per_rank_budgets(args: argparse.Namespace, base: Any, budgets: list[float]) -> int:
