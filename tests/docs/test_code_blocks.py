@@ -6,7 +6,8 @@ resume, then export), with the package's venv on PATH and this checkout's ``src`
 - ```bash, ```sh: a shell script (``set -e``); ```console: its ``$ `` lines only;
 - ```python: a script, under ``torchrun --nproc-per-node N`` when it says ``# torchrun: N`` or
   uses torch.distributed (N = 2), else plain ``python``;
-- any block whose first line is ``# file: NAME`` is written to NAME first (a config file);
+- a block whose first line is ``# file: NAME`` is only written to NAME (a config file, or a
+  script that a later command runs);
 - every other language (text, toml, json, ...) is only shown.
 
 Only sizes and placeholders change (``SIZES``; applied per command, so a new page needs no
@@ -22,12 +23,11 @@ import shlex
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -104,16 +104,9 @@ def skipped(command: str) -> str | None:
     return next((why for pattern, why in SKIPPED.items() if re.search(pattern, command)), None)
 
 
-def steps_map(page_commands: list[str]) -> dict[int, int]:
-    """Each distinct ``--steps N`` of a page -> 2, 4, 6, ...: tiny runs that keep the page's
-    order, so a resume still has two steps to go (one to warm up, one to time)."""
-    values = sorted({int(v) for c in page_commands for v in re.findall(r"--steps[ =](\d+)", c)})
-    return {v: 2 + 2 * k for k, v in enumerate(values)}
-
-
-def sized(command: str, steps: dict[int, int], workspace: Path, port: int) -> str:
+def sized(command: str, steps: int, workspace: Path, port: int) -> str:
     """SIZES: the only changes made to a command, all of sizes and placeholders."""
-    c = re.sub(r"--steps([ =])(\d+)", lambda m: f"--steps{m[1]}{steps[int(m[2])]}", command)
+    c = re.sub(r"--steps([ =])\d+", rf"--steps\g<1>{steps}", command)
     c = re.sub(r"--nproc([ =])\d+", r"--nproc\g<1>2", c)  # 2 cores
     c = re.sub(r"--nproc-per-node([ =])\d+", r"--nproc-per-node\g<1>2", c)
     c = re.sub(r"--nnodes([ =])\S+", r"--nnodes\g<1>1", c)  # multi-node: one node, local endpoint
@@ -168,34 +161,72 @@ def run_block(block: Block, script: str, workspace: Path, env: dict[str, str]) -
                              f"--- output (last 3000 chars) ---\n{done.stdout[-3000:]}")
 
 
-def runnable(page: Path) -> bool:
-    return any(b.lang in SHELL | {"python"} or b.code.startswith("# file: ")
-               for b in blocks(page))
-
-
-@pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)],
-                         ids=lambda p: str(p.relative_to(REPO)))
-def test_page_blocks_run(page: Path, tmp_path: Path) -> None:
-    env = scratch(tmp_path)
-    page_blocks = blocks(page)
-    shell_cmds = [c for b in page_blocks if b.lang in SHELL for c in commands(b)]
-    steps = steps_map([c for c in shell_cmds if not skipped(c)])
-    port = free_port()
-    for n, block in enumerate(page_blocks):
+def run_page(page: Path, workspace: Path) -> None:
+    """Run a page's blocks in order in ``workspace``; raise on the first that fails."""
+    env = scratch(workspace)
+    port, resumes = free_port(), 0
+    for n, block in enumerate(blocks(page)):
         first = block.code.split("\n", 1)[0]
         if first.startswith("# file: "):
-            (tmp_path / first[len("# file: "):].strip()).write_text(block.code + "\n")
-        if block.lang in SHELL:
-            lines = [f": skipped: {shlex.quote(c)}" if skipped(c)
-                     else sized(c, steps, tmp_path, port) for c in commands(block)]
-            run_block(block, "set -eo pipefail\n" + "\n".join(lines), tmp_path, env)
+            (workspace / first[len("# file: "):].strip()).write_text(block.code + "\n")
+        elif block.lang in SHELL:
+            lines = []
+            for c in commands(block):
+                if skipped(c):
+                    lines.append(f": skipped: {shlex.quote(c)}")
+                    continue
+                # A fresh run trains 2 steps; each resume of the page goes 2 further (one step
+                # to warm up, one to time).
+                resumes += "--resume" in c
+                steps = 2 + 2 * resumes if "--resume" in c else 2
+                lines.append(sized(c, steps, workspace, port))
+            run_block(block, "set -eo pipefail\n" + "\n".join(lines), workspace, env)
         elif block.lang == "python":
-            script = tmp_path / f"block{n}.py"
+            script = workspace / f"block{n}.py"
             script.write_text(block.code + "\n")
             procs = torchrun_procs(block.code)
             launch = (f"python -m torch.distributed.run --standalone --nproc-per-node {procs}"
                       if procs > 1 else "python")
-            run_block(block, f"{launch} {script.name}", tmp_path, env)
+            run_block(block, f"{launch} {script.name}", workspace, env)
+
+
+def runnable(page: Path) -> bool:
+    return any(b.lang in SHELL | {"python"} for b in blocks(page))
+
+
+def page_cost(page: Path) -> int:
+    return sum(len(commands(b)) if b.lang in SHELL else b.lang == "python" for b in blocks(page))
+
+
+@pytest.fixture(scope="module")
+def page_failures(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[Path, str]:
+    """Run the selected pages two at a time (a page mostly waits for processes to start, and
+    the machine has 2 cores), the longest first; each page's own test reports its failure."""
+    selected = [
+        Path(item.callspec.params["page"]) for item in request.session.items  # type: ignore[arg-type]
+        if isinstance(item, pytest.Function) and item.originalname == "test_page_blocks_run"]
+
+    def attempt(page: Path) -> str | None:
+        try:
+            run_page(page, tmp_path_factory.mktemp(page.stem))
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            return str(e)
+        return None
+
+    order = sorted(selected, key=page_cost, reverse=True)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(order, pool.map(attempt, order), strict=True))
+    return {page: error for page, error in results.items() if error}
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [p for p in PAGES if runnable(p)],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_page_blocks_run(page: Path, page_failures: dict[Path, str]) -> None:
+    if page in page_failures:
+        pytest.fail(page_failures[page], pytrace=False)
 
 
 def test_every_fence_names_its_language() -> None:
@@ -205,3 +236,15 @@ def test_every_fence_names_its_language() -> None:
     bad = [f"{b.where}: ```{b.lang}" for p in PAGES for b in blocks(p) if b.lang not in known]
     assert not bad, ("fences without a known language (use ```text for output, ```bash for "
                      "commands): " + "; ".join(bad))
+
+
+def test_readme_is_a_ten_minute_read() -> None:
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; move details to docs/"
+
+
+def test_benchmarks_page_indexes_every_result_file() -> None:
+    index = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    files = [*(REPO / "benchmarks" / "results").iterdir(), *(REPO / "docs" / "results").iterdir()]
+    missing = sorted(f.name for f in files if f.is_file() and f.name not in index)
+    assert not missing, f"docs/benchmarks.md does not index {', '.join(missing)}"
