@@ -10,9 +10,10 @@ resume, then export), with the package's venv on PATH and this checkout's ``src`
   script that a later command runs);
 - every other language (text, toml, json, ...) is only shown.
 
-Only sizes and placeholders change (``SIZES``; applied per command, so a new page needs no
-entry); the commands in ``SKIPPED`` are not run, each for the reason it gives. Anything else that
-fails fails the test.
+Only sizes and placeholders change (``sized``, applied to every command, so a new page needs
+no entry: steps, worker counts, paper-scale recipes, ``HOST``, ``/shared/``); a ``pytest``
+command is collected (``--collect-only``) in the checkout, not run; the commands in ``SKIPPED``
+are not run, each for the reason it gives. Anything else that fails fails the test.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def sized(command: str, steps: int, workspace: Path, port: int) -> str:
         c = re.sub(_PAPER_SCALE, "llama-tiny", c)
         c = re.sub(r"--seq-len([ =])(\d+)",
                    lambda m: f"--seq-len{m[1]}{min(int(m[2]), 128)}", c)
-        if re.search(r"\bbench (?:step|all)\b", c):  # bench step starts --world workers
+        if re.search(r"\b(?:train|demo|bench (?:step|all))\b", c):  # these start --world workers
             c = re.sub(r"--world([ =])\d+", r"--world\g<1>2", c)
     if re.match(r"^(\S*/)?(python3? -m )?pytest\b", c):  # the suite: check the selection exists
         c = f"(cd {shlex.quote(str(REPO))} && {c} --collect-only -q)"
