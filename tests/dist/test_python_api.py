@@ -248,10 +248,3 @@ def test_page_python_blocks_are_the_example_or_run(tmp_path: Path) -> None:
         script.write_text(block)
         printed = _shell(f"{sys.executable} {script}", tmp_path)
         assert not out or printed == out  # the page shows what it prints
-
-
-def test_readme_block_runs_under_torchrun(tmp_path: Path) -> None:
-    """docs/snippets/readme_api.py is the README's Python block, verbatim."""
-    _shell(f"torchrun --nproc-per-node 2 {ROOT / 'docs' / 'snippets' / 'readme_api.py'}",
-           tmp_path)
-    assert (tmp_path / "ckpt" / "checkpoints" / "step_00000003" / "manifest.json").is_file()
