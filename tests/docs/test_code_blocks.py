@@ -47,6 +47,13 @@ SKIPPED: dict[str, str] = {
     r"^(\S*/)?pip install\b": "changes the environment (make setup installs the extras)",
 }
 
+# Pages whose blocks another test runs as written, with an oracle of its own.
+TESTED_ELSEWHERE: dict[str, str] = {
+    "docs/own-model.md": "tests/dist/test_python_api.py runs its commands as written (stop and "
+                         "resume equal a straight run) and checks that each Python block is "
+                         "the example's own code or runs on its own",
+}
+
 _PAPER_SCALE = r"llama-(?:134m|500m|1b)"
 # Commands that train or estimate by running training steps: their sizes shrink.
 _TRAINS = r"\b(?:subnetdp(?:\.cli)? (?:train|bench|demo)\b|torchrun\b)"
@@ -192,6 +199,8 @@ def run_page(page: Path, workspace: Path) -> None:
 
 
 def runnable(page: Path) -> bool:
+    if str(page.relative_to(REPO)) in TESTED_ELSEWHERE:
+        return False
     return any(b.lang in SHELL | {"python"} for b in blocks(page))
 
 
