@@ -1,7 +1,7 @@
 """Faults around checkpoints and run folders, each tried as a user meets it: every case asserts
 the one-line message the user sees and that no file of an earlier checkpoint changed (sha256
 of every file before and after). Long cases (several restarts) are marked ``long`` and run with
-``SUBNETDP_LONG_TESTS=1`` (tests/faults/conftest.py)."""
+``SUBNETDP_LONG_TESTS=1`` (tests/conftest.py)."""
 
 from __future__ import annotations
 

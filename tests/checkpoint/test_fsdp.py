@@ -55,7 +55,7 @@ def test_fsdp_checkpoint_resumes_under_another_world_and_coverage(
     """An FSDP checkpoint of 4 workers at C = 0.5 resumed (--reshard) by 3 at C = 0.67: the
     loaded shards, written back and assembled, equal the saved parameters and optimizer
     state bit for bit; training goes on."""
-    from tests.dist.test_reshard import _assembled, restore_and_write_back
+    from tests.checkpoint.test_reshard import _assembled, restore_and_write_back
 
     out = tmp_path / "run"
     args = [a if a != "6" else "3" for a in TINY]  # 3 steps, one checkpoint at the end

@@ -15,10 +15,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from subnetdp.models import get_recipe
+from subnetdp.plan import make_plan
 from subnetdp.runtime import SubnetDataParallel
 from subnetdp.subnet.neurons import make_neuron_plan
 from subnetdp.subnet.units import describe_units
-from subnetdp.plan import make_plan
 from tests.dist.harness import run_workers
 
 WORLD = 4

@@ -20,8 +20,8 @@ from subnetdp.plan.schedule import ADJACENT, DEFAULT, OFF, ScheduleError, fsdp_s
 from subnetdp.runtime import SubnetDataParallel
 from subnetdp.runtime.backends import _part_order
 from subnetdp.subnet.units import describe_units
+from tests.composition.test_fsdp_ac_bf16 import WORLD, _batch, _meta_model, _plan
 from tests.dist.harness import run_workers
-from tests.dist.test_composition import WORLD, _batch, _meta_model, _plan
 
 
 def _record(rank: int, world: int, strategy: str, plan: Plan, prefetch: bool) -> Any:

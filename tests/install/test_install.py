@@ -20,7 +20,7 @@ import pytest
 
 import subnetdp
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 

@@ -11,8 +11,8 @@ import torch
 from subnetdp.plan import make_plan, worker_bytes
 from subnetdp.subnet.units import describe_units
 from tests.dist.harness import run_workers
-from tests.dist.test_runtime import _reference, _train_sdp
 from tests.dist.toy import TOY_ADAPTER, Toy
+from tests.runtime.test_bsdp import _reference, _train_sdp
 
 pytestmark = pytest.mark.dist
 STEPS = 3
