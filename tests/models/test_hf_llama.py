@@ -1,7 +1,7 @@
 """SDP on a model subnetdp knows nothing about: a Hugging Face ``LlamaForCausalLM`` built from a
 small config offline. ``auto_adapter`` finds ``model.layers``; b-sdp trains it on 3 gloo workers
 exactly like the single-process reference, and the assembled weights load back, strictly, into
-a plain ``LlamaForCausalLM``. Skipped when transformers is absent (``pip install -e '.[hf]'``)."""
+a plain ``LlamaForCausalLM``. Needs transformers (the ``hf`` extra, installed by ``make setup``)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-from subnetdp.plan import make_plan  # noqa: E402
-from subnetdp.runtime import SubnetDataParallel  # noqa: E402
-from subnetdp.subnet.auto import auto_adapter  # noqa: E402
-from subnetdp.subnet.removed import Passthrough  # noqa: E402
-from subnetdp.subnet.units import describe_units  # noqa: E402
-from tests.dist.harness import run_workers  # noqa: E402
-from tests.dist.reference import assert_pieces_match, reference_history  # noqa: E402
+from subnetdp.plan import make_plan
+from subnetdp.runtime import SubnetDataParallel
+from subnetdp.subnet.auto import auto_adapter
+from subnetdp.subnet.removed import Passthrough
+from subnetdp.subnet.units import describe_units
+from tests.dist.harness import run_workers
+from tests.dist.reference import assert_pieces_match, reference_history
 
 pytestmark = pytest.mark.dist
 STEPS, VOCAB = 3, 64

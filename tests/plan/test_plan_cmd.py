@@ -145,15 +145,8 @@ def test_plan_without_a_recipe_imports_no_torch(extra: list[str], tmp_path: Path
     assert done.stdout.startswith("plan: 8 workers, 12 units")
 
 
-def _require_models() -> None:
-    models = pytest.importorskip("subnetdp.models")
-    if not hasattr(models, "get_recipe"):
-        pytest.skip("subnetdp.models.get_recipe is not available yet")
-
-
 @pytest.mark.parametrize("name", ["llama-tiny", "resnet18-fmnist"])
 def test_model_units(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    _require_models()
     rc, out, err = _run(["--world", "4", "--recipe", name, "--coverage", "0.5", "--json"],
                         capsys)
     assert rc == 0, err
@@ -169,7 +162,6 @@ def test_model_units(name: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
-    _require_models()
     rc, out, err = _run(["--world", "2", "--recipe", "no-such-model", "--coverage", "1"],
                         capsys)
     assert rc == 2 and out == "" and err.startswith("subnetdp plan: error: ")

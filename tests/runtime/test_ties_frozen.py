@@ -172,7 +172,8 @@ def test_tied_embedding_on_meta_trains_like_the_reference(strategy: str) -> None
 
 
 def _hf_tied() -> Any:
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     cfg = transformers.LlamaConfig(
         vocab_size=SMALL["vocab_size"], hidden_size=32, intermediate_size=48,
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,

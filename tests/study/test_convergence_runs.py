@@ -7,7 +7,6 @@ trains and evaluates nothing, and convergence.md is written with its tables and 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from functools import partial
 from pathlib import Path
@@ -19,9 +18,6 @@ from subnetdp.study.runner import cell_dir, run_suite
 from subnetdp.study.suite import select
 
 pytestmark = pytest.mark.dist
-
-HAVE_EVAL = all(importlib.util.find_spec(m) for m in ("lm_eval", "olmo_eval", "transformers"))
-
 
 @pytest.mark.slow  # ~1 min on a quiet machine: 6 short runs and 3 downstream evaluations
 @pytest.mark.timeout(900)
@@ -43,19 +39,18 @@ def test_convergence_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     for r in results:
         d = cell_dir(runs, r.cell, 2)
         if r.cell.task == "llama":
-            if HAVE_EVAL:
-                down = json.loads((d / DOWNSTREAM_FILE).read_text())
-                assert set(down["tasks"]) == {"arc_easy", "boolq", "hellaswag", "openbookqa",
-                                              "sciq"}
-                assert down["step"] == r.cell.steps and down["tasks"]["boolq"]["chance"] == 0.5
+            down = json.loads((d / DOWNSTREAM_FILE).read_text())  # lm_eval: make setup
+            assert set(down["tasks"]) == {"arc_easy", "boolq", "hellaswag", "openbookqa",
+                                          "sciq"}
+            assert down["step"] == r.cell.steps and down["tasks"]["boolq"]["chance"] == 0.5
         else:
             train = json.loads((d / TRAIN_EVAL_FILE).read_text())
             assert train["train_samples"] == 64 and 0 <= train["train_accuracy"] <= 1
     assert (runs / "data" / "fmnist-train64").is_dir()
-    if HAVE_EVAL:  # HellaSwag's preprocessing ran in memory, not into the package's folder
-        from subnetdp.evals.tasks import data_root
+    from subnetdp.evals.tasks import data_root
 
-        assert not list(data_root().rglob("cache-*.arrow"))
+    # HellaSwag's preprocessing ran in memory, not into the package's folder
+    assert not list(data_root().rglob("cache-*.arrow"))
 
     # The CLI on the same cells (its --quick suite swapped for this one): it resumes, trains
     # and evaluates nothing, and writes the results.
@@ -74,8 +69,7 @@ def test_convergence_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                  "### Training vs test accuracy", "| b-sdp (FLOP-matched) | 6 |",
                  "### Downstream (zero-shot, lm-eval)", "### Findings"):
         assert part in md, part
-    if HAVE_EVAL:
-        assert "| *chance* |" in md
+    assert "| *chance* |" in md
     assert {p.name for p in written} >= {"convergence.md", "convergence.json",
                                          "convergence_llama.png", "convergence_overfit.png"}
 
