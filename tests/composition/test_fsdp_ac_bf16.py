@@ -72,7 +72,8 @@ def _train(rank: int, world: int, strategy: str, plan: Any, opts: dict[str, Any]
         losses.append(loss.item())
         dtype = logits.dtype
     state = sdp.full_state_dict()
-    return {"state": state, "losses": losses, "groups": groups, "dtype": dtype, "bytes": sdp.comm_stats.last_step_bytes, "created": sdp.groups.created,
+    return {"state": state, "losses": losses, "groups": groups, "dtype": dtype,
+            "bytes": sdp.comm_stats.last_step_bytes, "created": sdp.groups.created,
             "held": sdp.params_held, "trained": sdp.params_trained}
 
 
@@ -80,9 +81,17 @@ def _groups_created() -> int:
     return len(dist.distributed_c10d._world.pg_map)
 
 
+_RUNS: dict[tuple[Any, ...], list[Any]] = {}
+
+
 def _run(strategy: str, opts: dict[str, Any], plan: Any, steps: int = STEPS,
          repeat: bool = False, name: str = "llama") -> list[Any]:
-    return run_workers(_train, WORLD, strategy, plan, opts, steps, repeat, name)
+    """One launch per configuration, shared by the tests that compare it (the plan is
+    ``_plan(strategy, name=name)``'s: deterministic)."""
+    key = (strategy, name, tuple(sorted(opts.items())), steps, repeat)
+    if key not in _RUNS:
+        _RUNS[key] = run_workers(_train, WORLD, strategy, plan, opts, steps, repeat, name)
+    return _RUNS[key]
 
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:

@@ -85,8 +85,14 @@ def _train(r: int, world: int, strategy: str, zero: int, steps: int = 3) -> dict
     }
 
 
+def _train_each_zero(r: int, world: int, strategy: str) -> dict[int, dict[str, Any]]:
+    return {z: _train(r, world, strategy, z) for z in (0, 1, 2)}
+
+
 def _run(strategy: str, world: int = 4) -> dict[int, list[dict[str, Any]]]:
-    return {z: run_workers(_train, world, strategy, z) for z in (0, 1, 2)}
+    """zero 0, 1 and 2 one after the other in the same workers (one launch)."""
+    by_rank = run_workers(_train_each_zero, world, strategy)
+    return {z: [res[z] for res in by_rank] for z in (0, 1, 2)}
 
 
 def _real(c: int, k: int, n: int) -> int:
@@ -142,10 +148,15 @@ def _train_ddp(r: int, world: int, zero: int) -> dict[str, Any]:
             "bytes": dict(rank.comm_stats.by_group)}
 
 
+def _train_ddp_each_zero(r: int, world: int) -> dict[int, dict[str, Any]]:
+    return {z: _train_ddp(r, world, z) for z in (0, 1, 2)}
+
+
 def test_ddp_zero_baselines_train_as_ddp() -> None:
     """ddp+zero1 (torch's ZeroRedundancyOptimizer) and ddp+zero2 (the holder reducer at full
     coverage, zero=2) end where ddp does; ddp+zero2 counts DDP's bytes."""
-    runs = {z: run_workers(_train_ddp, 3, z) for z in (0, 1, 2)}
+    by_rank = run_workers(_train_ddp_each_zero, 3)
+    runs = {z: [res[z] for res in by_rank] for z in (0, 1, 2)}
     ref = runs[0][0]["state"]
     assert runs[1][0]["optimizer"] == "ZeroRedundancyOptimizer"
     for z in (1, 2):
