@@ -81,17 +81,56 @@ def _groups_created() -> int:
     return len(dist.distributed_c10d._world.pg_map)
 
 
-_RUNS: dict[tuple[Any, ...], list[Any]] = {}
+FSDP_CASES = [("b-sdp", "llama"), ("bb-sdp", "llama"), ("n-sdp", "llama"), ("n-sdp", "resnet"),
+              ("nb-sdp", "llama"), ("nb-sdp", "resnet")]
+AC_CASES = [("b-sdp", {}), ("bb-sdp", {}), ("n-sdp", {}), ("nb-sdp", {}), ("b-sdp", {"fsdp": True}),
+            ("bb-sdp", {"fsdp": True}), ("n-sdp", {"fsdp": True})]
+BF16_CASES = [
+    ("b-sdp", {"param_dtype": torch.bfloat16}),
+    ("b-sdp", {"fsdp": True, "activation_checkpointing": True, "param_dtype": torch.bfloat16,
+               "reduce_dtype": torch.float32}),
+    ("bb-sdp", {"fsdp": True, "param_dtype": torch.bfloat16}),  # frozen copies stored bf16
+    ("n-sdp", {"fsdp": True, "param_dtype": torch.bfloat16, "reduce_dtype": torch.bfloat16}),
+]
+Config = tuple[dict[str, Any], int, bool]  # opts, steps, repeat
+
+
+def _configs(strategy: str, name: str) -> list[Config]:
+    """Every configuration the tests below train for this strategy and model."""
+    out: list[Config] = []
+    if (strategy, name) in FSDP_CASES:
+        out += [({}, STEPS, False), ({"fsdp": True}, STEPS, False)]
+    if name == "llama":
+        out += [({**o, "activation_checkpointing": ac}, STEPS, False)
+                for s, o in AC_CASES if s == strategy for ac in (False, True)]
+        out += [(o, 10, True) for s, o in BF16_CASES if s == strategy]
+    return out
+
+
+def _key(opts: dict[str, Any], steps: int, repeat: bool) -> tuple[Any, ...]:
+    opts = {k: v for k, v in opts.items() if k != "activation_checkpointing" or v}
+    return tuple(sorted(opts.items())), steps, repeat
+
+
+def _train_all(rank: int, world: int, strategy: str, plan: Any, configs: list[Config],
+               name: str) -> list[dict[str, Any]]:
+    return [_train(rank, world, strategy, plan, opts, steps, repeat, name)
+            for opts, steps, repeat in configs]
+
+
+_RUNS: dict[tuple[str, str], dict[tuple[Any, ...], list[Any]]] = {}
 
 
 def _run(strategy: str, opts: dict[str, Any], plan: Any, steps: int = STEPS,
          repeat: bool = False, name: str = "llama") -> list[Any]:
-    """One launch per configuration, shared by the tests that compare it (the plan is
-    ``_plan(strategy, name=name)``'s: deterministic)."""
-    key = (strategy, name, tuple(sorted(opts.items())), steps, repeat)
-    if key not in _RUNS:
-        _RUNS[key] = run_workers(_train, WORLD, strategy, plan, opts, steps, repeat, name)
-    return _RUNS[key]
+    """Per-rank results of one configuration. A strategy's configurations all train, one after
+    the other, in one launch of workers (``plan`` is ``_plan(strategy, name=name)``'s)."""
+    if (strategy, name) not in _RUNS:
+        configs = list({_key(*c): c for c in _configs(strategy, name)}.values())
+        by_rank = run_workers(_train_all, WORLD, strategy, plan, configs, name)
+        _RUNS[strategy, name] = {_key(*c): [res[i] for res in by_rank]
+                                 for i, c in enumerate(configs)}
+    return _RUNS[strategy, name][_key(opts, steps, repeat)]
 
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
@@ -100,9 +139,7 @@ def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: fl
         torch.testing.assert_close(a[k], b[k], rtol=tol, atol=tol, msg=k)
 
 
-@pytest.mark.parametrize(("strategy", "name"), [("b-sdp", "llama"), ("bb-sdp", "llama"),
-                                                ("n-sdp", "llama"), ("n-sdp", "resnet"),
-                                                ("nb-sdp", "llama"), ("nb-sdp", "resnet")])
+@pytest.mark.parametrize(("strategy", "name"), FSDP_CASES)
 def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
     plan = _plan(strategy, name=name)
     plain = _run(strategy, {}, plan, name=name)
@@ -129,11 +166,7 @@ def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
     assert all(s["trained"] < p["trained"] for p, s in zip(plain, sharded, strict=True))
 
 
-@pytest.mark.parametrize(("strategy", "opts"), [("b-sdp", {}), ("bb-sdp", {}), ("n-sdp", {}),
-                                                ("nb-sdp", {}),
-                                                ("b-sdp", {"fsdp": True}),
-                                                ("bb-sdp", {"fsdp": True}),
-                                                ("n-sdp", {"fsdp": True})])
+@pytest.mark.parametrize(("strategy", "opts"), AC_CASES)
 def test_activation_checkpointing_changes_nothing(strategy: str, opts: dict[str, Any]) -> None:
     plan = _plan(strategy)
     off = _run(strategy, opts, plan)
@@ -141,13 +174,7 @@ def test_activation_checkpointing_changes_nothing(strategy: str, opts: dict[str,
     _assert_same(off[0]["state"], on[0]["state"], 1e-6)
 
 
-@pytest.mark.parametrize(("strategy", "opts"), [
-    ("b-sdp", {"param_dtype": torch.bfloat16}),
-    ("b-sdp", {"fsdp": True, "activation_checkpointing": True, "param_dtype": torch.bfloat16,
-               "reduce_dtype": torch.float32}),
-    ("bb-sdp", {"fsdp": True, "param_dtype": torch.bfloat16}),  # frozen copies stored bf16
-    ("n-sdp", {"fsdp": True, "param_dtype": torch.bfloat16, "reduce_dtype": torch.bfloat16}),
-])
+@pytest.mark.parametrize(("strategy", "opts"), BF16_CASES)
 def test_bf16_trains(strategy: str, opts: dict[str, Any]) -> None:
     plan = _plan(strategy)
     runs = _run(strategy, opts, plan, steps=10, repeat=True)
