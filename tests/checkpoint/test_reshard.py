@@ -1,9 +1,9 @@
 """Re-masking on resume (``--resume RUN --reshard``), every strategy: a checkpoint of 2 workers
-at coverage 0.5 resumed by 3 workers at another coverage (n-sdp: another neuron grouping too). Right after
-loading, each rank's state is written back as a checkpoint of the new plan; assembled, its
-parameters and optimizer state equal the saved ones bit for bit. Training then continues.
-Also the elastic shrink: a worker lost for good (SIGKILL on every attempt at world 3) and the
-run goes on with 2 from the newest checkpoint ([Note: elastic shrink])."""
+at coverage 0.5 resumed by 3 workers at another coverage (n-sdp: another neuron grouping too).
+Right after loading, each rank's state is written back as a checkpoint of the new plan;
+assembled, its parameters and optimizer state equal the saved ones bit for bit. Training then
+continues. Also the elastic shrink: a worker lost for good (SIGKILL on every attempt at world 3)
+and the run goes on with 2 from the newest checkpoint ([Note: elastic shrink])."""
 
 from __future__ import annotations
 

@@ -23,8 +23,9 @@ from subnetdp.train.launch import free_port
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 STEPS = 4
-WORDS = ("the king and queen walk to a river where old ships wait for wind while children "
-         "sing of summer rain and bread under bright stars at night").split()
+WORDS = ["the", "king", "and", "queen", "walk", "to", "a", "river", "where", "old", "ships",
+         "wait", "for", "wind", "while", "children", "sing", "of", "summer", "rain", "and",
+         "bread", "under", "bright", "stars", "at", "night"]
 
 
 def _docs(n: int, seed: int = 0) -> list[str]:

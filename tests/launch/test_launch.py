@@ -53,7 +53,7 @@ def test_launch_two_workers_all_reduce() -> None:
 
 
 def _env_worker(names: tuple[str, ...]) -> dict[str, str | None]:
-    rank, _ = init_distributed("gloo")  # over the loopback interface
+    init_distributed("gloo")  # over the loopback interface
     dist.barrier()
     shutdown_distributed()
     return {n: os.environ.get(n) for n in names}

@@ -23,7 +23,6 @@ from tests.dist.harness import run_workers
 from tests.dist.neuron_ref import (
     element_holders,
     lm_loss,
-    piece_of,
     small_batch,
     small_llama,
     small_plan,
@@ -67,7 +66,7 @@ def _train(rank: int, world: int, plan, strategy: str, same_batch: bool, opt_nam
     for step in range(STEPS):
         x, y = small_batch(0 if same_batch else rank, step)
         if step == STEPS - 1:  # measured like the trainer does: MemTracker, steady state
-            _, report = measure_step_memory(lambda: lm_loss(sdp(x), y).backward(),
+            _, report = measure_step_memory(lambda x=x, y=y: lm_loss(sdp(x), y).backward(),
                                             modules=sdp.tracked_modules(), optimizers=[opt],
                                             grad_tensors=sdp.grad_buffers())
             memory = report.breakdown
