@@ -53,10 +53,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=15 $(PYTEST_ARGS) tests
 
-# The long fault cases (tests/faults, marker "long"), skipped by `make test`.
+# The long fault cases (marker "long"), skipped by `make test`.
 test-faults: $(STAMP)
 	SUBNETDP_LONG_TESTS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 \
-		$(PYTEST_ARGS) tests/faults
+		-m long $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks

@@ -1,4 +1,4 @@
-"""Count how the CLI answers the bad inputs of tests/faults/test_bad_inputs.py.
+"""Count how the CLI answers the bad inputs of tests/cli/test_bad_inputs.py.
 
     PYTHONPATH=src python benchmarks/faults.py [--label NAME] [--json FILE] [--md FILE]
 
@@ -28,7 +28,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.faults import test_bad_inputs as suite
+from tests.cli import test_bad_inputs as suite
 from tests.faults.harness import clear_message
 
 
@@ -96,7 +96,7 @@ def main() -> int:
         before = json.loads(args.before.read_text()) if args.before else None
         old = {r["case"]: r["outcome"] for r in before["rows"]} if before else {}
         head = f" {before['label']} |" if before else ""
-        lines = [f"# Bad inputs: {len(rows)} cases of tests/faults/test_bad_inputs.py", "",
+        lines = [f"# Bad inputs: {len(rows)} cases of tests/cli/test_bad_inputs.py", "",
                  f"| outcome |{head} {args.label} |", "|---|---|" + ("---|" if before else ""),
                  *(f"| {k} |" + (f" {before['counts'][k]} |" if before else "") + f" {v} |"
                    for k, v in counts.items()), "",

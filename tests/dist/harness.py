@@ -7,6 +7,7 @@ temporary directory, so tests never need a free TCP port.
 from __future__ import annotations
 
 import gc
+import multiprocessing as mp
 import os
 import tempfile
 import traceback
@@ -14,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import multiprocessing as mp
+import torch._dynamo  # a worker's first optimizer step imports it (seconds of CPU): imported
+import torch.distributed as dist  # here once, every forked worker inherits it instead
 
 from subnetdp.train.launch import gloo_loopback
 

@@ -17,10 +17,7 @@ from subnetdp import cli
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_MESSAGE_LINES = 1  # our own errors: exactly one line on stderr
-LONG_ENV = "SUBNETDP_LONG_FAULTS"
-# fault tests of minutes each: only with SUBNETDP_LONG_FAULTS=1
-long_faults = pytest.mark.skipif(os.environ.get(LONG_ENV) != "1",
-                                 reason=f"long fault test: set {LONG_ENV}=1 to run it")
+long_faults = pytest.mark.long  # minutes each: only with SUBNETDP_LONG_TESTS=1 (conftest.py)
 
 
 def fingerprint(root: Path) -> dict[str, str]:

@@ -170,7 +170,8 @@ def launch(
         # The server imports torch and fn's module once, when it starts (the first launch of
         # this process); each worker then forks from it (fast, and clean).
         multiprocessing.set_forkserver_preload(
-            ["__main__", "torch", "torch.distributed", getattr(fn, "__module__", "torch")])
+            ["__main__", "torch", "torch._dynamo", "torch.distributed",
+             getattr(fn, "__module__", "torch")])
     port = free_port()
     logs = _shared_logs(DefaultLogsSpecs)(
         log_dir=log_dir,

