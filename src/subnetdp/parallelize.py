@@ -79,7 +79,7 @@ def parallelize(
     ``find_unused_parameters`` is then DDP's. ``fake``: inside ``FakeTensorMode`` (the memory
     estimator), where torch DDP's C++ reducer cannot run on fake storage: ``ddp`` is then
     built as the holder reducer with everyone holding everything, which has exactly DDP's
-    bucket-view memory (``tests/dist/test_bench_measure.py`` checks it against real DDP)."""
+    bucket-view memory (``tests/estimate/test_measured.py`` checks it against real DDP)."""
     spec = strategy if isinstance(strategy, RankSpec) else RankSpec.of(strategy, comp)
     strat, comp = spec.strategy, spec.comp
     dev = torch.device(device)

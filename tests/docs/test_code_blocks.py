@@ -49,7 +49,7 @@ SKIPPED: dict[str, str] = {
 
 # Pages whose blocks another test runs as written, with an oracle of its own.
 TESTED_ELSEWHERE: dict[str, str] = {
-    "docs/own-model.md": "tests/dist/test_python_api.py runs its commands as written (stop and "
+    "docs/own-model.md": "tests/runtime/test_python_api.py runs its commands as written (stop and "
                          "resume equal a straight run) and checks that each Python block is "
                          "the example's own code or runs on its own",
 }

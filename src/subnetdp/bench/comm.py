@@ -20,7 +20,7 @@
 - Mixed precision (``bf16-mixed``): all-gathers carry the compute dtype (bf16), reductions the
   master dtype (fp32: DDP/SDP gradients are fp32; FSDP's ``reduce_dtype`` is fp32).
 
-``tests/dist/test_bench_measure.py`` checks SDP and DDP against the bytes counted by instrumented
+``tests/estimate/test_measured.py`` checks SDP and DDP against the bytes counted by instrumented
 runs, and SDP+FSDP against the per-group traffic the wrapper reports (from its FSDP modules'
 sizes, unpadded: within 1%); the FSDP2 baselines' figures are not checked against a count.
 """

@@ -55,7 +55,7 @@ class LlamaConfig:
             )
 
 
-# Parameter counts (untied embeddings, vocab as listed; see tests/unit/test_models.py):
+# Parameter counts (untied embeddings, vocab as listed; see tests/models/test_models.py):
 #   tiny  2,656,384  (40% of it in the two 4096 x 128 embeddings)
 #   134m  134,105,856
 #   500m  557,774,080  (475.9M outside the embeddings; 24 layers so 8 workers get 3 blocks each)

@@ -81,7 +81,7 @@ class SwinConfig:
         return 0 if self.stage_sides()[s] <= self.window_size else self.window_size // 2
 
 
-# Parameter counts with 10 classes (tests/unit/test_swin.py): t-32 27,505,108; t-28 27,506,500
+# Parameter counts with 10 classes (tests/models/test_swin.py): t-32 27,505,108; t-28 27,506,500
 # (torchvision's ImageNet Swin-T: 28.3M, of which 0.77M in its 1000-class head).
 SWIN_FLAVOURS: dict[str, SwinConfig] = {
     "t-32": SwinConfig(),  # Swin-T widths/depths, CIFAR 32×32×3
