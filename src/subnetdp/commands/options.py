@@ -167,16 +167,20 @@ def add_scheme_arguments(p: Container, *, default: str | None) -> None:
 
 def strategy_list(text: str) -> list[str]:
     """A comma-separated ``--strategies`` value, each entry checked like ``--strategy``."""
-    return [_label(s.strip())[0] for s in text.split(",") if s.strip()]
+    return [_label(s.strip()) for s in text.split(",") if s.strip()]
 
 
 def searched_strategy_list(text: str) -> list[tuple[str, str | None]]:
     """``plan --memory-gb --strategies``: each entry checked like ``--strategy``, with the
     name of its strategy when that is an SDP one (the command refuses composed SDP labels)."""
-    return [_label(s.strip()) for s in text.split(",") if s.strip()]
+    return [_decoded(s.strip()) for s in text.split(",") if s.strip()]
 
 
-def _label(text: str) -> tuple[str, str | None]:
+def _label(text: str) -> str:
+    return _decoded(text)[0]
+
+
+def _decoded(text: str) -> tuple[str, str | None]:
     """``text`` checked, and the name of its strategy when that is an SDP one."""
     try:
         strategy = parse_label(text)[0]
