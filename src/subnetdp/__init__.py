@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from subnetdp import _moved
+
+_moved.install()  # old module names of 0.1 still import, for one release
+
 __version__ = "0.1.0"
 
 __all__ = ["SubnetDataParallel", "__version__", "make_plan", "parallelize"]

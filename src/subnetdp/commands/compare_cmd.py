@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     import multiprocessing
 
     from subnetdp.data import DatasetMissingError
+    from subnetdp.distributed.launch import WorkerFailedError
     from subnetdp.study.results import write_results
     from subnetdp.study.runner import run_suite
     from subnetdp.study.suite import QUICK, SUITES, enumerate_cells, select
-    from subnetdp.train.launch import WorkerFailedError
 
     if args.suite == "convergence":
         from subnetdp.study import convergence

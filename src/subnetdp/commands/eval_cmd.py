@@ -44,13 +44,13 @@ def load_model_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from subnetdp.commands.export_cmd import EXPORT_FORMAT
-    from subnetdp.train.ckpt_io import (
+    from subnetdp.checkpoint.files import (
         assemble_full_state,
         read_manifest,
         resolve_checkpoint,
         verify_files,
     )
+    from subnetdp.commands.export_cmd import EXPORT_FORMAT
 
     p = Path(path)
     if p.is_file():
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
 
     if args.tasks is not None:
-        from subnetdp.commands.downstream import run_downstream
+        from subnetdp.evals.downstream import run_downstream
 
         return run_downstream(args)
     try:

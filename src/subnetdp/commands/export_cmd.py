@@ -36,7 +36,7 @@ def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str
     anything is written, so a refused export leaves ``out`` as it was."""
     from safetensors.torch import save_file
 
-    from subnetdp.train.ckpt_io import (
+    from subnetdp.checkpoint.files import (
         assemble_full_state,
         read_manifest,
         resolve_checkpoint,

@@ -90,7 +90,7 @@ def add_parser(subparsers: Any) -> None:
                    help="--check-schedule --fsdp: the prefetch to check: adjacent (what "
                         "subnetdp runs), off, or default (FSDP2's own, which can deadlock)")
     budget = p.add_argument_group(
-        "memory budget (subnetdp.bench.budget / .hetero; needs --recipe, and --world "
+        "memory budget (subnetdp.estimate.budget / .hetero; needs --recipe, and --world "
         "with one budget)",
         "--fsdp/--ac compose the SDP options; the baselines are listed by name (fsdp+ac, ...)")
     budget.add_argument("--memory-gb", metavar="GB[,GB...]",
@@ -349,9 +349,9 @@ def format_table(rep: dict) -> str:
 
 def _budget(args: argparse.Namespace) -> int:
     """``--memory-gb``: one budget, the strategies and coverages that fit
-    (``bench.budget.plan_budget``); one per worker, a balanced plan that fits them all
-    (``bench.hetero.plan_for_budgets``)."""
-    from subnetdp.bench.strategies import BenchSpec
+    (``estimate.budget.plan_budget``); one per worker, a balanced plan that fits them all
+    (``estimate.hetero.plan_for_budgets``)."""
+    from subnetdp.estimate.spec import BenchSpec
 
     try:
         try:
@@ -370,7 +370,7 @@ def _budget(args: argparse.Namespace) -> int:
                          dtype=args.dtype)
         if len(budgets) > 1:
             return _per_rank_budgets(args, base, budgets)
-        from subnetdp.bench.budget import format_options, plan_budget
+        from subnetdp.estimate.budget import format_options, plan_budget
 
         options = plan_budget(base, budgets[0], fsdp=args.fsdp, ac=args.ac)
     except ValueError as e:
@@ -386,13 +386,13 @@ def _budget(args: argparse.Namespace) -> int:
 def _per_rank_budgets(args: argparse.Namespace, base: Any, budgets: list[float]) -> int:
     """A balanced plan whose every rank fits its budget (estimator-checked), or a refusal
     (``BudgetError``, a ValueError) with the smallest budgets that would work."""
-    from subnetdp.bench.hetero import format_budget_plan, plan_for_budgets
+    from subnetdp.estimate.hetero import format_budget_plan, plan_for_budgets
 
     spec = base.replace(strategy=args.strategy, fsdp=args.fsdp, ac=args.ac,
                         min_holders=args.min_holders, seed=args.seed)
     bp = plan_for_budgets(spec, budgets)
     if args.save:
-        from subnetdp.bench.strategies import make_bench_plan, meta_model
+        from subnetdp.estimate.spec import make_bench_plan, meta_model
 
         recipe, meta = meta_model(bp.spec)
         with open(args.save, "w") as f:

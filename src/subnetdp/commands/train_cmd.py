@@ -200,15 +200,15 @@ def _floats(text: str) -> list[float]:
 
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
-    from subnetdp.metrics.report import format_summary
-    from subnetdp.train.launch import (
+    from subnetdp.distributed.launch import (
         RunInterruptedError,
         WorkerFailedError,
         WorkerStartTimeoutError,
     )
+    from subnetdp.distributed.signals import interrupted_message
+    from subnetdp.metrics.report import format_summary
     from subnetdp.train.resume import NonFiniteLossError
     from subnetdp.train.run import run_training
-    from subnetdp.train.signals import interrupted_message
 
     cfg = None
     try:

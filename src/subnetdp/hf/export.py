@@ -27,17 +27,17 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     from safetensors.torch import save_file
     from tokenizers import Tokenizer
 
-    from subnetdp.data.tokenizer import EOT
-    from subnetdp.hf.llama import hf_config, to_hf_state
-    from subnetdp.hf.tokenizer import hf_tokenizer_files, run_tokenizer
-    from subnetdp.models import get_recipe
-    from subnetdp.models.llama.model import Llama
-    from subnetdp.train.ckpt_io import (
+    from subnetdp.checkpoint.files import (
         assemble_full_state,
         read_manifest,
         resolve_checkpoint,
         verify_files,
     )
+    from subnetdp.data.tokenizer import EOT
+    from subnetdp.hf.llama import hf_config, to_hf_state
+    from subnetdp.hf.tokenizer import hf_tokenizer_files, run_tokenizer
+    from subnetdp.models import get_recipe
+    from subnetdp.models.llama.model import Llama
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:

@@ -101,8 +101,8 @@ def after_cell(result: CellResult, run_dir: Path, *, downstream_limit: int | Non
 
 
 def _downstream(run_dir: Path, limit: int | None, log: Any) -> None:
-    from subnetdp.commands.downstream import downstream
     from subnetdp.evals import EvalDataMissingError, LmEvalMissingError
+    from subnetdp.evals.downstream import downstream
 
     path = run_dir / DOWNSTREAM_FILE
     if path.exists():

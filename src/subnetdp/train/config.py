@@ -59,7 +59,7 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0
     progress: bool = True
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"width": 16}
-    # Checkpoints (train/checkpoint.py): every ckpt_every steps and at the end (0 = never),
+    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps and at the end (0 = never),
     # keeping the newest ckpt_keep; resume = a run folder or one of its checkpoints;
     # max_restarts = times torch elastic restarts a failed worker group (it then resumes from
     # the newest checkpoint).
@@ -68,8 +68,8 @@ class TrainConfig:
     resume: str | None = None
     max_restarts: int = 0
     # Run folder and re-planning: overwrite = replace an earlier run's files in out
-    # (train/rundir.py); reshard = resume under another world size, coverage or plan
-    # (train/reshard.py); min_nproc = elastic shrink: a run that loses a worker for good goes
+    # (checkpoint/rundir.py); reshard = resume under another world size, coverage or plan
+    # (checkpoint/reshard.py); min_nproc = elastic shrink: a run that loses a worker for good goes
     # on with one fewer (down to min_nproc) from its newest checkpoint, resharded
     # (train/elastic.py; None = never shrink).
     overwrite: bool = False
@@ -77,7 +77,7 @@ class TrainConfig:
     min_nproc: int | None = None
     # Seconds a collective may wait for a peer before the group stops, naming the silent rank
     # (also bounds worker start-up); evaluation and checkpoint writes get longer
-    # (train/timeouts.py).
+    # (distributed/timeouts.py).
     collective_timeout: float = 300.0
     # DDP baselines (subnet/regularize.py): skip each block with this probability per step
     # (stochastic depth, no rescaling, like b-sdp) and drop whole neuron slots of every layer

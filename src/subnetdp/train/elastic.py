@@ -26,10 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from subnetdp.checkpoint.files import checkpoints_root, newest_checkpoint, read_manifest
+from subnetdp.distributed.launch import WorkerFailedError, launch
 from subnetdp.metrics.sinks import rank_jsonl_path
-from subnetdp.train.ckpt_io import checkpoints_root, newest_checkpoint, read_manifest
 from subnetdp.train.config import TrainConfig
-from subnetdp.train.launch import WorkerFailedError, launch
 from subnetdp.train.resume import truncate_metrics
 
 __all__ = ["check_replan_options", "launch_shrinking", "shrunk_config"]

@@ -3,9 +3,10 @@
 ``--capacities 1,0.5,0.5,0.5``: every rank builds the same balanced plan (deterministic, from
 the cost model) with rank i holding about ``capacities[i]`` of the units' cost. ``--memory-gb
 80,40,40,40``: the launching process turns the budgets into such a plan (balanced on memory)
-with ``bench.hetero.plan_for_budgets`` (every rank checked by the fake-tensor estimator, which needs
-a process without a process group), writes it to the run folder and hands the workers that
-plan file, so they never run the estimator. Both refuse bad input before any worker starts.
+with ``estimate.hetero.plan_for_budgets`` (every rank checked by the fake-tensor estimator,
+which needs a process without a process group), writes it to the run folder and hands the
+workers that plan file, so they never run the estimator. Both refuse bad input before any
+worker starts.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def prepare_hetero(cfg: TrainConfig, world: int, *, worker: bool = False) -> Tra
                          "worker (or change --nproc)")
     if cfg.memory_gb is None:
         return cfg
-    from subnetdp.bench.hetero import BudgetError, format_budget_plan, plan_for_budgets
-    from subnetdp.bench.strategies import BenchSpec, make_bench_plan, meta_model
+    from subnetdp.estimate.hetero import BudgetError, format_budget_plan, plan_for_budgets
+    from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 
     assert cfg.batch_size is not None
     spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy, world=world,

@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from subnetdp.metrics.sinks import read_jsonl
-from subnetdp.train.checkpoint import RunStoppedError, check_compatible
-from subnetdp.train.ckpt_io import (
+from subnetdp.checkpoint.checkpointer import RunStoppedError, check_compatible
+from subnetdp.checkpoint.files import (
     CheckpointError,
     checkpoints_root,
     list_checkpoints,
@@ -26,6 +25,7 @@ from subnetdp.train.ckpt_io import (
     resolve_checkpoint,
     verify_files,
 )
+from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.config import TrainConfig
 
 __all__ = [

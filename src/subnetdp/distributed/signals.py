@@ -5,7 +5,7 @@ on to the workers and kills them ``launch.SHUTDOWN_GRACE_S`` later. A worker wit
 ``GracefulStop`` installed only notes the signal; after each step it either continues to the
 checkpoint that is due within ``grace_s`` seconds (at its measured step time), writes it and
 exits, or exits at once. Exiting is ``SystemExit``: nothing half-written is published (a
-checkpoint appears only by an atomic rename of a complete folder, train/ckpt_io.py), so a rank
+checkpoint appears only by an atomic rename of a complete folder, checkpoint/files.py), so a rank
 that exits while its peers still write leaves the previous checkpoint the newest.
 """
 
@@ -59,7 +59,7 @@ def interrupted_message(signame: str, out: str | None) -> str:
     """The launching process's one line after a signal stopped the run in ``out``."""
     from pathlib import Path
 
-    from subnetdp.train.ckpt_io import checkpoints_root, list_checkpoints
+    from subnetdp.checkpoint.files import checkpoints_root, list_checkpoints
 
     found = list_checkpoints(checkpoints_root(Path(out))) if out else []
     if found:

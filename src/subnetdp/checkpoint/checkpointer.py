@@ -44,10 +44,7 @@ import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
 
-from subnetdp.plan import Plan
-from subnetdp.runtime.rank import RankModel
-from subnetdp.runtime.zero import zero_of
-from subnetdp.train.ckpt_io import (
+from subnetdp.checkpoint.files import (
     FORMAT,
     VERSION,
     CheckpointError,
@@ -65,8 +62,11 @@ from subnetdp.train.ckpt_io import (
     write_manifest,
     write_shard,
 )
+from subnetdp.checkpoint.reshard import PieceReader, model_shapes, reseed
+from subnetdp.plan import Plan
+from subnetdp.runtime.rank import RankModel
+from subnetdp.runtime.zero import zero_of
 from subnetdp.train.config import TrainConfig
-from subnetdp.train.reshard import PieceReader, model_shapes, reseed
 
 __all__ = ["CheckpointError", "CheckpointUnusableError", "CheckpointWriteError", "Checkpointer",
            "RunStoppedError", "check_compatible", "run_info"]

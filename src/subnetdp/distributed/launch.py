@@ -190,7 +190,7 @@ def launch(
         local_addr="127.0.0.1",
         logs_specs=logs,
         # a SIGTERM/SIGINT is passed on to the workers, which may finish a checkpoint that is
-        # due (train/signals.py) before they are killed
+        # due (distributed/signals.py) before they are killed
         shutdown_timeout=SHUTDOWN_GRACE_S,
         log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
     )
