@@ -30,7 +30,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from subnetdp.distributed.launch import init_distributed, launch, shutdown_distributed
+from subnetdp.distributed.launch import launch
+from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.strategy import get_strategy

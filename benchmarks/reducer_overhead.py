@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from subnetdp.distributed.launch import init_distributed, launch, shutdown_distributed
+from subnetdp.distributed.launch import launch
+from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.plan import make_plan

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from subnetdp import SubnetDataParallel, make_plan
-from subnetdp.distributed.launch import init_distributed
+from subnetdp.distributed.process_group import init_distributed
 from subnetdp.subnet import auto_adapter
 from subnetdp.subnet.units import describe_units
 

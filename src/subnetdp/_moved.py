@@ -16,8 +16,9 @@ import sys
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
-__all__ = ["MOVED", "install"]
+__all__ = ["MOVED", "MOVED_NAMES", "install", "moved_name"]
 
 # old module -> new module; drop this table in the release after next.
 MOVED: dict[str, str] = {
@@ -35,6 +36,29 @@ MOVED: dict[str, str] = {
     "subnetdp.bench.hetero": "subnetdp.estimate.hetero",
     "subnetdp.commands.downstream": "subnetdp.evals.downstream",
 }
+
+# (module, name) -> the module that holds the name now (library code that left the CLI,
+# process-group set-up that left the launcher). The old module answers for it from its
+# ``__getattr__`` through ``moved_name``.
+MOVED_NAMES: dict[tuple[str, str], str] = {
+    ("subnetdp.commands.export_cmd", "EXPORT_FORMAT"): "subnetdp.checkpoint.export",
+    ("subnetdp.commands.export_cmd", "export_checkpoint"): "subnetdp.checkpoint.export",
+    ("subnetdp.commands.eval_cmd", "load_model_state"): "subnetdp.checkpoint.export",
+    ("subnetdp.commands.eval_cmd", "evaluate_path"): "subnetdp.evals.validation",
+    ("subnetdp.distributed.launch", "init_distributed"): "subnetdp.distributed.process_group",
+    ("subnetdp.distributed.launch", "shutdown_distributed"): "subnetdp.distributed.process_group",
+}
+
+
+def moved_name(module: str, name: str) -> Any:
+    """For an old module's ``__getattr__``: ``name`` from its new module, with a
+    ``DeprecationWarning``."""
+    new = MOVED_NAMES.get((module, name))
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} moved to {new}.{name}; the old name goes in the next "
+                  "release", DeprecationWarning, stacklevel=3)
+    return getattr(importlib.import_module(new), name)
 
 
 class _Alias(importlib.abc.Loader):

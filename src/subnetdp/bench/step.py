@@ -73,7 +73,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def _launched(specs: list[BenchSpec], steps: int, warmup: int, device: str) -> dict[str, Any]:
-    from subnetdp.distributed.launch import init_distributed, shutdown_distributed
+    from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 
     rank, world = init_distributed("gloo" if device == "cpu" else None)
     try:

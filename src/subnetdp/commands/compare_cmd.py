@@ -28,6 +28,7 @@ from typing import Any
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("compare", help="the quality study: strategies vs DDP baselines",
                               description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.set_defaults(func=run)
     p.add_argument("--suite", default="quality", choices=["quality", "convergence"])
     p.add_argument("--quick", action="store_true",
                    help="C = 0.5 only, one seed, 20 steps (< 10 min); into runs/study-quick")

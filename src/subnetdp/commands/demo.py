@@ -18,6 +18,7 @@ from subnetdp.train.config import TrainConfig
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("demo", help="ddp vs b-sdp on llama-tiny at matched compute, "
                                            "side by side")
+    p.set_defaults(func=run)
     p.add_argument("--recipe", default="llama-tiny")
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--steps", type=int, default=200, help="DDP's steps")

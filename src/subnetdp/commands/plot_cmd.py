@@ -10,6 +10,7 @@ from typing import Any
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("plot", help="loss and memory curves of runs (PNG)")
+    p.set_defaults(func=run)
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (subnetdp train --out)")
     p.add_argument("--out", default=None, metavar="PNG",
                    help="the figure (default: RUN/curves.png of the first run)")

@@ -139,6 +139,7 @@ def add_ecosystem_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("train", help="train one run (any strategy, composition and plan)")
+    p.set_defaults(func=run)
     add_train_arguments(p)
     p.add_argument("--out", default=None, help="run directory (default runs/<recipe>-<strategy>)")
     p.add_argument("--resume", default=None, metavar="RUN",
@@ -205,9 +206,8 @@ def run(args: argparse.Namespace) -> int:
         WorkerFailedError,
         WorkerStartTimeoutError,
     )
-    from subnetdp.distributed.signals import interrupted_message
     from subnetdp.metrics.report import format_summary
-    from subnetdp.train.resume import NonFiniteLossError
+    from subnetdp.train.resume import NonFiniteLossError, interrupted_message
     from subnetdp.train.run import run_training
 
     cfg = None

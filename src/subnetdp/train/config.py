@@ -154,9 +154,7 @@ class TrainConfig:
             bad("--plan-file needs an SDP strategy (ddp holds the whole model); drop it")
         parse_balance(self.balance)  # a PlanError (ValueError) that says what is allowed
         if self.capacities is not None or self.memory_gb is not None:
-            from subnetdp.train.hetero import check_hetero
-
-            check_hetero(self)
+            _check_hetero(self)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
         if self.neuron_groups is not None and self.neuron_groups < 1:
@@ -253,3 +251,30 @@ class TrainConfig:
                 d["dtype"] = "bf16-mixed"
             d["config_version"] = 2
         return cls(**d)
+
+
+def config_keys() -> frozenset[str]:
+    """The fields of ``TrainConfig``: all that a checkpoint's recorded config may hold
+    (``checkpoint.files.read_manifest``)."""
+    return frozenset(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def _check_hetero(cfg: TrainConfig) -> None:
+    """What ``TrainConfig.validate`` checks for --capacities/--memory-gb (world-free; the
+    rest is ``train.hetero.prepare_hetero``)."""
+    if cfg.capacities is not None and cfg.memory_gb is not None:
+        raise ValueError("give --capacities or --memory-gb, not both")
+    name = "--capacities" if cfg.capacities is not None else "--memory-gb"
+    values = cfg.capacities if cfg.capacities is not None else cfg.memory_gb
+    assert values is not None
+    if cfg.plan_file is not None:
+        raise ValueError(f"{name} makes the plan; drop --plan-file (or {name})")
+    strategy = cfg.strategy_value
+    if not strategy.is_sdp or strategy.neuron_level:
+        raise ValueError(f"{name} needs block units (--strategy b-sdp or bb-sdp), not "
+                         f"{cfg.strategy}")
+    if not values or min(values) <= 0:
+        raise ValueError(f"{name} needs one positive value per worker, got {values}")
+    if cfg.capacities is not None and max(cfg.capacities) > 1:
+        raise ValueError(f"--capacities are shares of the units' cost, in (0, 1]; got "
+                         f"{cfg.capacities}")

@@ -19,26 +19,6 @@ from subnetdp.train.config import TrainConfig
 BUDGET_PLAN = "budget_plan.json"  # in the run folder: the plan --memory-gb made
 
 
-def check_hetero(cfg: TrainConfig) -> None:
-    """What ``TrainConfig.validate`` checks for --capacities/--memory-gb (world-free)."""
-    if cfg.capacities is not None and cfg.memory_gb is not None:
-        raise ValueError("give --capacities or --memory-gb, not both")
-    name = "--capacities" if cfg.capacities is not None else "--memory-gb"
-    values = cfg.capacities if cfg.capacities is not None else cfg.memory_gb
-    assert values is not None
-    if cfg.plan_file is not None:
-        raise ValueError(f"{name} makes the plan; drop --plan-file (or {name})")
-    strategy = cfg.strategy_value
-    if not strategy.is_sdp or strategy.neuron_level:
-        raise ValueError(f"{name} needs block units (--strategy b-sdp or bb-sdp), not "
-                         f"{cfg.strategy}")
-    if not values or min(values) <= 0:
-        raise ValueError(f"{name} needs one positive value per worker, got {values}")
-    if cfg.capacities is not None and max(cfg.capacities) > 1:
-        raise ValueError(f"--capacities are shares of the units' cost, in (0, 1]; got "
-                         f"{cfg.capacities}")
-
-
 def prepare_hetero(cfg: TrainConfig, world: int, *, worker: bool = False) -> TrainConfig:
     """Before the workers start: check the number of values against the world, and turn
     --memory-gb into a plan file in the run folder (the returned config names it).

@@ -22,7 +22,8 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     process group or CUDA)."""
     # torch, the models and the trainer load when a run starts, not on import
     from subnetdp.checkpoint.rundir import check_fresh, hold_run_folder
-    from subnetdp.distributed.launch import WorkerFailedError, under_launcher
+    from subnetdp.distributed.launch import WorkerFailedError
+    from subnetdp.distributed.process_group import under_launcher
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.hetero import prepare_hetero
     from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError, run_info
-from subnetdp.distributed.launch import init_distributed, shutdown_distributed
+from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.distributed.signals import GracefulStop
 from subnetdp.distributed.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
 from subnetdp.hf.tokenizer import save_run_tokenizer
