@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import multiprocessing as mp
 
-from subnetdp.train.launch import gloo_loopback
+from subnetdp.distributed.process_group import gloo_loopback
 
 
 def _worker(

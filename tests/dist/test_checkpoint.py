@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.strategy import NAMES
-from subnetdp.train.ckpt_io import assemble_full_state, list_checkpoints, read_manifest
+from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
