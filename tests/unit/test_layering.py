@@ -73,9 +73,11 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
                 target = ".".join([*parent, *([node.module] if node.module else [])])
             else:
                 target = node.module or ""
-            # ``from pkg import sub`` imports the submodule; any other name, pkg itself
+            # ``from pkg import sub`` imports the submodule; any other name, pkg itself. The
+            # package's ``__version__`` is its metadata (one string), not the facade's code.
             targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in known else target
-                       for a in node.names]
+                       for a in node.names
+                       if (target, a.name) != ("subnetdp", "__version__")]
         else:
             continue
         for target in targets:
