@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from subnetdp.bench.step import bench_worker, summarise
 from subnetdp.estimate.comm import analytic_comm
 from subnetdp.estimate.memory import estimate_memory
-from subnetdp.bench.step import bench_worker, summarise
 from subnetdp.estimate.spec import BenchSpec, meta_model
 from subnetdp.subnet.units import unit_modules
 from tests.dist.harness import run_workers

@@ -15,8 +15,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from subnetdp.cli import main  # noqa: E402
 from subnetdp.checkpoint.export import load_model_state  # noqa: E402
+from subnetdp.cli import main  # noqa: E402
 from subnetdp.models import get_recipe  # noqa: E402
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]

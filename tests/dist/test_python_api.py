@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 import subnetdp
-from subnetdp.subnet.units import describe_units
 from subnetdp.distributed import process_group
 from subnetdp.distributed.process_group import shutdown_distributed
+from subnetdp.subnet.units import describe_units
 from tests.dist.harness import run_workers
 from tests.dist.toy import TOY_ADAPTER, Toy, toy_batch, toy_loss
 

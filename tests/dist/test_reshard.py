@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import torch
 
-from subnetdp.cli import main
-from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.checkpoint.files import list_checkpoints, read_manifest, split_piece
 from subnetdp.checkpoint.reshard import PieceReader, model_shapes
+from subnetdp.cli import main
+from subnetdp.metrics.sinks import read_jsonl
 from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
