@@ -6,9 +6,9 @@ Paper scale (8 workers, C = 0.5 and 0.69, and a 2:1:1:1 heterogeneous example on
 rank's parameters, FLOPs, memory (parameters, gradients, the recipe's optimizer state, saved
 activations) and modelled step time from the unit costs measured on meta tensors
 (``subnet.costs``), max / mean over ranks, and for spread and the default objective each rank's
-peak from the fake-tensor estimator (``bench.estimate``; image batch 128, llama-1b 1 x 2048,
+peak from the fake-tensor estimator (``estimate.memory``; image batch 128, llama-1b 1 x 2048,
 fp32, the recipe's optimizer). Heterogeneous: budgets 2:1:1:1 of the full model's estimated
-peak turned into a plan by ``bench.hetero.plan_for_budgets`` (every rank estimator-checked).
+peak turned into a plan by ``estimate.hetero.plan_for_budgets`` (every rank estimator-checked).
 CPU (resnet18-fmnist width 8, swin-t-fmnist embed_dim 24, batch 32, 4 workers, C = 0.5):
 (a) the CPU step-time model's rates fitted to measured forward + backward times of every unit;
 (b) straggler ratio: every rank's own training step (forward, backward, optimizer; its
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from subnetdp.bench.estimate import estimate_memory
-from subnetdp.bench.hetero import plan_for_budgets
-from subnetdp.bench.strategies import BenchSpec
+from subnetdp.estimate.hetero import plan_for_budgets
+from subnetdp.estimate.memory import estimate_memory
+from subnetdp.estimate.spec import BenchSpec
 from subnetdp.models import get_recipe
 from subnetdp.plan import Unit, diagnostics, make_plan
 from subnetdp.plan.objectives import DEFAULT_BALANCE
@@ -219,7 +219,7 @@ def rank_step_times(specs: list[BenchSpec]) -> list[list[float]]:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from subnetdp.bench.strategies import build_rank, example_batch, train_step
+    from subnetdp.estimate.spec import build_rank, example_batch, train_step
 
     x, y = example_batch(specs[0], torch.Generator().manual_seed(0))
     times = [[[] for _ in range(s.world)] for s in specs]
@@ -318,7 +318,7 @@ def write(res: dict[str, Any]) -> None:
     if res.get("hetero_paper"):
         md += ["", "## Heterogeneous, paper scale (estimator)", "",
                "4 workers with budgets 2:1:1:1 of the full model's estimated peak (b-sdp, batch "
-               "as above), turned into capacities by `bench.hetero.plan_for_budgets` and "
+               "as above), turned into capacities by `estimate.hetero.plan_for_budgets` and "
                "checked rank by rank.", "",
                "| model | full model peak GB | budgets GB | capacities | est. peak per rank "
                "GB | params held per rank (GB, fp32) | rounds |",

@@ -11,7 +11,7 @@ DDP (and C = 1 to plain FSDP2, prefetch off to on), the measured peak of the hea
 (``metrics.memory``: parameters, gradients, optimizer state, activations) with the fake-tensor
 estimate beside it, and counted bytes per step. On gloo a reduce-scatter clones its input, so
 measured FSDP peaks sit above the estimate by up to one unit's gradient (Note: gloo's
-reduce-scatter clone, bench/estimate.py); NCCL does not. Writes
+reduce-scatter clone, estimate/memory.py); NCCL does not. Writes
 benchmarks/results/composition_measured.{md,json,png}.
 """
 
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from subnetdp.bench.estimate import estimate_memory
 from subnetdp.bench.step import run_step_bench
-from subnetdp.bench.strategies import BenchSpec
+from subnetdp.estimate.memory import estimate_memory
+from subnetdp.estimate.spec import BenchSpec
 
 OUT = Path(__file__).parent / "results"
 MIB = 2**20

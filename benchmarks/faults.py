@@ -71,10 +71,10 @@ def main() -> int:
                     help="a --json of another checkout, shown as the 'before' column")
     args = ap.parse_args()
 
-    import subnetdp.train.launch
+    import subnetdp.distributed.launch
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(subnetdp.train.launch, "launch", _stub_launch)
+    mp.setattr(subnetdp.distributed.launch, "launch", _stub_launch)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         factory = _Factory(Path(tmp))

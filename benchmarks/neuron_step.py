@@ -30,11 +30,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from subnetdp.distributed.launch import launch
+from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.strategy import get_strategy
 from subnetdp.subnet.planning import plan_for
-from subnetdp.train.launch import init_distributed, launch, shutdown_distributed
 
 RESULTS = Path(__file__).parent / "results"
 STRATEGIES = ("ddp", "b-sdp", "n-sdp", "bb-sdp", "nb-sdp")

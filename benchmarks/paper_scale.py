@@ -1,6 +1,6 @@
 """The paper's memory/communication table at paper scale, and a measured run at CPU scale.
 
-1. Estimated (fake tensors + fake process group, ``subnetdp.bench.estimate``): llama-134m,
+1. Estimated (fake tensors + fake process group, ``subnetdp.estimate.memory``): llama-134m,
    llama-500m and llama-1b at 8 workers, one micro-batch of ``--batch`` x ``--seq`` tokens, fp32,
    AdamW: ddp, ddp (torch's default buckets), ddp+ac, fsdp, fsdp+ac and every SDP strategy at
    C = 0.5 and 0.69, with the analytic bytes per step; each ratio to ddp.
@@ -36,11 +36,11 @@ from typing import Any
 
 import torch
 
-from subnetdp.bench.comm import analytic_comm, worst_comm
-from subnetdp.bench.estimate import GiB, ddp_default_bucket_bytes, estimate_memory, heaviest_rank
 from subnetdp.bench.report import memory_table, plot_rows, step_table
 from subnetdp.bench.step import run_step_bench
-from subnetdp.bench.strategies import BenchSpec
+from subnetdp.estimate.comm import analytic_comm, worst_comm
+from subnetdp.estimate.memory import GiB, ddp_default_bucket_bytes, estimate_memory, heaviest_rank
+from subnetdp.estimate.spec import BenchSpec
 from subnetdp.strategy import BASELINES, SDP_NAMES, ZERO_BASELINES
 
 RESULTS = Path(__file__).parent / "results"

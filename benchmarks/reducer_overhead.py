@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from subnetdp.distributed.launch import launch
+from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.plan import make_plan
 from subnetdp.subnet.units import describe_units
-from subnetdp.train.launch import init_distributed, launch, shutdown_distributed
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from subnetdp.bench.step import run_step_bench
-from subnetdp.bench.strategies import BenchSpec
+from subnetdp.estimate.spec import BenchSpec
 
 RESULTS = Path(__file__).parent / "results"
 TARGET = 1.05  # b-sdp+zero2 step time / b-sdp's

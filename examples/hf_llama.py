@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from subnetdp import SubnetDataParallel, make_plan
+from subnetdp.distributed.process_group import init_distributed
 from subnetdp.subnet import auto_adapter
 from subnetdp.subnet.units import describe_units
-from subnetdp.train.launch import init_distributed
 
 
 def main() -> None:

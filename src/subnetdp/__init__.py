@@ -12,6 +12,10 @@ import sys
 import types
 from typing import Any
 
+from subnetdp import _moved
+
+_moved.install()  # old module names of 0.1 still import, for one release
+
 __version__ = "0.1.0"
 
 __all__ = ["SubnetDataParallel", "__version__", "init_distributed", "load", "make_plan",

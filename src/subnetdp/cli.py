@@ -1,5 +1,5 @@
 """``subnetdp``: train | plan | demo | export | eval | bench | compare | plot. Thin: each subcommand
-lives in subnetdp.commands."""
+lives in subnetdp.commands, whose parser names its ``run`` (``args.func``)."""
 
 from __future__ import annotations
 
@@ -62,33 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The raw command line, for commands that must know which options were given explicitly
     # (a resumed run refuses any it cannot honour, even one equal to its default).
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    if args.command == "train":
-        from subnetdp.commands import train_cmd
-
-        return train_cmd.run(args)
-    if args.command == "plan":
-        from subnetdp.commands import plan_cmd
-
-        return plan_cmd.run(args)
-    if args.command == "bench":
-        from subnetdp.commands import bench_cmd
-
-        return bench_cmd.run(args)
-    if args.command == "compare":
-        from subnetdp.commands import compare_cmd
-
-        return compare_cmd.run(args)
-    if args.command == "plot":
-        from subnetdp.commands import plot_cmd
-
-        return plot_cmd.run(args)
-    if args.command in ("export", "eval"):
-        from subnetdp.commands import eval_cmd, export_cmd
-
-        return (export_cmd if args.command == "export" else eval_cmd).run(args)
-    from subnetdp.commands import demo
-
-    return demo.run(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

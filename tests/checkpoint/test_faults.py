@@ -21,16 +21,16 @@ from typing import Any
 import pytest
 import torch
 
-from subnetdp.cli import main
-from subnetdp.metrics.sinks import read_jsonl
-from subnetdp.train.ckpt_io import (
+from subnetdp.checkpoint.files import (
     MANIFEST,
     assemble_full_state,
     list_checkpoints,
     manifest_checksum,
     read_manifest,
 )
-from subnetdp.train.rundir import LOCK, hold_run_folder
+from subnetdp.checkpoint.rundir import LOCK, hold_run_folder
+from subnetdp.cli import main
+from subnetdp.metrics.sinks import read_jsonl
 from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
@@ -288,7 +288,7 @@ def _assert_failed_write(err: str, run: Path, before: dict[str, str]) -> None:
 
 def _full_disk_on_rank_1() -> None:
     """In a worker: rank 1's checkpoint writer fails with ENOSPC."""
-    import subnetdp.train.checkpoint as checkpoint
+    import subnetdp.checkpoint.checkpointer as checkpoint
 
     real = checkpoint.write_shard
 
@@ -333,7 +333,7 @@ def test_a_full_disk_tmpfs(run: Path, tmp_path: Path, capsys: pytest.CaptureFixt
 
 def _node_local_checkpoints_on_rank_1(elsewhere: Path) -> None:
     """In a worker: rank 1 writes its checkpoints under ``elsewhere`` (a node-local --out)."""
-    import subnetdp.train.checkpoint as checkpoint
+    import subnetdp.checkpoint.checkpointer as checkpoint
 
     real = checkpoint.checkpoints_root
     if os.environ["RANK"] == "1":
@@ -342,7 +342,7 @@ def _node_local_checkpoints_on_rank_1(elsewhere: Path) -> None:
 
 def _node_local_manifests_on_rank_1(elsewhere: Path) -> None:
     """In a worker: rank 1 reads checkpoints under ``elsewhere`` (a node-local --out)."""
-    import subnetdp.train.checkpoint as checkpoint
+    import subnetdp.checkpoint.checkpointer as checkpoint
 
     real = checkpoint.read_manifest
     if os.environ["RANK"] == "1":
@@ -378,7 +378,7 @@ def _killing_worker(cfg_dict: dict[str, Any], kills: dict[int, int]) -> dict[str
     """The normal worker; on attempt ``a`` in ``kills`` rank 1 SIGKILLs itself while writing
     the checkpoint of step ``kills[a]`` (its file half written, no manifest yet), after noting
     the sha256 of every published checkpoint file in ``<out>/before-kill-<a>.json``."""
-    import subnetdp.train.checkpoint as checkpoint
+    import subnetdp.checkpoint.checkpointer as checkpoint
     import subnetdp.train.trainer as trainer
 
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -403,8 +403,8 @@ def test_kill_9_while_writing_with_restarts(tmp_path: Path) -> None:
     """Two SIGKILLs, each inside a checkpoint write, two restarts: every checkpoint published
     before a kill stays byte-identical, no staging folder survives, and the run ends exactly
     as an uninterrupted one."""
+    from subnetdp.distributed.launch import launch
     from subnetdp.train.config import TrainConfig
-    from subnetdp.train.launch import launch
     from subnetdp.train.tasks import make_task
 
     def config(out: Path) -> TrainConfig:

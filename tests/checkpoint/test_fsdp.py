@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
-from subnetdp.train.ckpt_io import assemble_full_state, list_checkpoints, read_manifest
 from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]

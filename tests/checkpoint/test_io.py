@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from subnetdp.train.checkpoint import Checkpointer, check_compatible
-from subnetdp.train.ckpt_io import (
+from subnetdp.checkpoint.checkpointer import Checkpointer, check_compatible
+from subnetdp.checkpoint.files import (
     FORMAT,
     MANIFEST,
     VERSION,
@@ -77,7 +77,7 @@ def test_publish_prune_and_resolve(tmp_path: Path) -> None:
 
 
 def test_damaged_files_are_detected(tmp_path: Path) -> None:
-    from subnetdp.train.ckpt_io import verify_files
+    from subnetdp.checkpoint.files import verify_files
 
     ckpt = _checkpoint(tmp_path, 1, {"rank00000.safetensors": {"model/w": torch.randn(64)}})
     manifest = read_manifest(ckpt)
@@ -174,11 +174,11 @@ def test_exact_round_trip_in_one_process(tmp_path: Path) -> None:
     """DDP in a one-process group: save after 3 steps, keep training; a fresh model, optimizer
     and schedule restored from the checkpoint continue with bit-identical losses (dropout draws
     from the restored RNG)."""
+    from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
     from subnetdp.plan import make_plan
     from subnetdp.plan.plan import Unit
     from subnetdp.runtime.rank import TorchDDPRank
     from subnetdp.strategy import get_strategy
-    from subnetdp.train.launch import init_distributed, shutdown_distributed
 
     init_distributed("gloo", timeout=60)  # a hung collective fails instead of waiting 30 min
     try:

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
+from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
+from subnetdp.distributed.launch import launch
 from subnetdp.metrics.sinks import read_jsonl
-from subnetdp.train.ckpt_io import assemble_full_state, list_checkpoints, read_manifest
 from subnetdp.train.config import TrainConfig
-from subnetdp.train.launch import launch
 from subnetdp.train.tasks import make_task
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]

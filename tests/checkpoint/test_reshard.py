@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import torch
 
+from subnetdp.checkpoint.files import list_checkpoints, read_manifest, split_piece
+from subnetdp.checkpoint.reshard import PieceReader, model_shapes
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
-from subnetdp.train.ckpt_io import list_checkpoints, read_manifest, split_piece
-from subnetdp.train.reshard import PieceReader, model_shapes
 from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
@@ -48,7 +48,7 @@ def _assembled(ckpt: Path) -> dict[str, torch.Tensor]:
 def restore_and_write_back() -> None:
     """In a worker: right after loading, save the loaded state as the new plan shards it
     (replacing the checkpoint it was loaded from)."""
-    from subnetdp.train.checkpoint import Checkpointer
+    from subnetdp.checkpoint.checkpointer import Checkpointer
 
     real = Checkpointer.restore
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.strategy import NAMES
-from subnetdp.train.ckpt_io import assemble_full_state, list_checkpoints, read_manifest
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -240,13 +240,14 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
     run = tmp_path / "nan"
     err = _err(["train", *TINY, "--strategy", "b-sdp", "--steps", "6", "--ckpt-every", "1",
                 "--lr", "1e30", "--grad-clip", "0", "--out", str(run)], capsys, code=1)
-    # The loss of step 1 is still finite; the weights its update made are not (the finite-state
-    # guard, resume.py): the run stops there, before writing them.
+    # A step's loss is still finite; the weights its update made are not (the finite-state
+    # guard, resume.py): the run stops there, before writing them. Steps count from 1: the
+    # checkpoint kept is the one after the step before.
     assert "are not finite" in err and "last good checkpoint is kept" in err
     found = list_checkpoints(run / "checkpoints")
     assert found and str(found[-1]) in err
     bad_step = int(err.split("after step ")[1].split(" ")[0])
-    assert read_manifest(found[-1])["step"] == bad_step  # saved after the last finite step
+    assert read_manifest(found[-1])["step"] == bad_step - 1  # after the last finite step
     assert not (run / "summary.json").exists()
 
 

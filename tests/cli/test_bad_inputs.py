@@ -298,13 +298,13 @@ def test_case_count() -> None:
 @pytest.fixture(autouse=True)
 def _refused_before_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every case must be refused before a worker starts: starting one fails the case."""
+    import subnetdp.distributed.launch
     import subnetdp.train.elastic
-    import subnetdp.train.launch
 
     def launched(*args: object, **kwargs: object) -> None:
         raise AssertionError("workers were launched: the input was accepted")
 
     # elastic binds ``launch`` at import: patched there too, or a first import under this
     # fixture would keep the fake for every later test
-    monkeypatch.setattr(subnetdp.train.launch, "launch", launched)
+    monkeypatch.setattr(subnetdp.distributed.launch, "launch", launched)
     monkeypatch.setattr(subnetdp.train.elastic, "launch", launched)

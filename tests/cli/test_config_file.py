@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from subnetdp.checkpoint.rundir import check_fresh
 from subnetdp.cli import main
 from subnetdp.commands.train_cmd import add_parser, config_from_args
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.config_file import load_config_file
-from subnetdp.train.rundir import check_fresh
 
 
 def _args(argv: list[str]) -> argparse.Namespace:

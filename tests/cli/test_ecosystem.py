@@ -19,7 +19,7 @@ import pytest
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import rank_jsonl_path, read_jsonl, val_jsonl_path
 from subnetdp.metrics.tracking import GLOBAL_AVG_LOSS
-from subnetdp.train.launch import free_port
+from subnetdp.distributed.launch import free_port
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 STEPS = 4

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from subnetdp.train.ckpt_io import CheckpointError
+from subnetdp.checkpoint.files import CheckpointError
+from subnetdp.checkpoint.rundir import LOCK, RunFolderBusyError, check_fresh, hold_run_folder
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.elastic import check_replan_options
-from subnetdp.train.rundir import LOCK, RunFolderBusyError, check_fresh, hold_run_folder
 
 
 def test_the_lock_names_its_live_holder_and_is_released(tmp_path: Path) -> None:

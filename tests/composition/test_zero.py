@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
+from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.strategy import SDP_NAMES, Composition, get_strategy
 from subnetdp.subnet.planning import plan_for
-from subnetdp.train.ckpt_io import assemble_full_state, list_checkpoints, read_manifest
 from tests.dist.harness import run_workers
 
 pytestmark = pytest.mark.dist

@@ -18,7 +18,7 @@ import torch
 import torch._dynamo  # a worker's first optimizer step imports it (seconds of CPU): imported
 import torch.distributed as dist  # here once, every forked worker inherits it instead
 
-from subnetdp.train.launch import gloo_loopback
+from subnetdp.distributed.process_group import gloo_loopback
 
 
 def _worker(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from subnetdp.bench.budget import format_options, plan_budget
-from subnetdp.bench.strategies import BenchSpec
 from subnetdp.cli import main
+from subnetdp.estimate.budget import format_options, plan_budget
+from subnetdp.estimate.spec import BenchSpec
 
 BASE = BenchSpec(recipe="llama-tiny", strategy="ddp", world=4, batch=1, seq=32)
 COST = {"ddp": 100, "ddp+ac": 80, "fsdp": 60, "fsdp+ac": 40}

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from subnetdp.bench.comm import analytic_comm
-from subnetdp.bench.estimate import estimate_memory
 from subnetdp.bench.step import bench_worker, summarise
-from subnetdp.bench.strategies import BenchSpec, meta_model
+from subnetdp.estimate.comm import analytic_comm
+from subnetdp.estimate.memory import estimate_memory
+from subnetdp.estimate.spec import BenchSpec, meta_model
 from subnetdp.subnet.units import unit_modules
 from tests.dist.harness import run_workers
 

@@ -8,16 +8,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from subnetdp.bench.comm import analytic_comm
-from subnetdp.bench.estimate import FsdpLayout, estimate_memory, fsdp_shard_numel, heaviest_rank
-from subnetdp.bench.strategies import (
+from subnetdp.cli import main
+from subnetdp.estimate.comm import analytic_comm
+from subnetdp.estimate.memory import FsdpLayout, estimate_memory, fsdp_shard_numel, heaviest_rank
+from subnetdp.estimate.spec import (
     BASELINES,
     BenchSpec,
     all_strategies,
     make_bench_plan,
     meta_model,
 )
-from subnetdp.cli import main
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.plan import worker_bytes
 from subnetdp.strategy import ZERO_BASELINES
@@ -284,7 +284,7 @@ def test_swin_estimate_runs_and_its_init_matches_torch() -> None:
 def test_image_estimate_uses_the_recipe_optimizer() -> None:
     """ResNet recipes train with SGD + momentum (one state per parameter), Swin with AdamW
     (two): the estimator builds the recipe's optimizer, so its optimizer bytes say so."""
-    from subnetdp.bench.strategies import optimizer_states
+    from subnetdp.estimate.spec import optimizer_states
 
     assert optimizer_states("resnet18-fmnist") == 1 and optimizer_states("swin-t-fmnist") == 2
     est = estimate_memory(BenchSpec(strategy="ddp", coverage=1.0, **{**IMAGE, "world": 1}))

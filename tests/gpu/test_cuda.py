@@ -13,14 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from subnetdp.bench.estimate import estimate_memory
 from subnetdp.bench.step import bench_worker
-from subnetdp.bench.strategies import BenchSpec
+from subnetdp.distributed.launch import launch
+from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
+from subnetdp.estimate.memory import estimate_memory
+from subnetdp.estimate.spec import BenchSpec
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.strategy import NAMES, Composition, get_strategy
 from subnetdp.subnet.planning import plan_for
-from subnetdp.train.launch import init_distributed, launch, shutdown_distributed
 
 ARGS = {"n_layers": 4, "dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128,
         "ffn_hidden": 128, "max_seq_len": 32}

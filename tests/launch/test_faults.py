@@ -15,13 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from subnetdp.train.launch import (
-    WorkerFailedError,
-    WorkerStartTimeoutError,
-    init_distributed,
-    launch,
-    shutdown_distributed,
-)
+from subnetdp.distributed.launch import WorkerFailedError, WorkerStartTimeoutError, launch
+from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from tests.faults.harness import (
     clear_message,
     fingerprint,

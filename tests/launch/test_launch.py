@@ -11,10 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from subnetdp.train.launch import (
-    WorkerFailedError,
+from subnetdp.distributed.launch import WorkerFailedError, launch
+from subnetdp.distributed.process_group import (
     init_distributed,
-    launch,
     shutdown_distributed,
     under_launcher,
 )

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from subnetdp.train.launch import WorkerFailedError
-from subnetdp.train.signals import GracefulStop, steps_to_checkpoint
-from subnetdp.train.timeouts import slow_timeout
+from subnetdp.distributed.launch import WorkerFailedError
+from subnetdp.distributed.signals import GracefulStop, steps_to_checkpoint
+from subnetdp.distributed.timeouts import slow_timeout
 
 
 def test_steps_to_checkpoint() -> None:
@@ -69,8 +69,9 @@ def test_summary_names_the_cause_not_the_rank_that_lost_its_peer() -> None:
     assert e.summary == "rank 1 failed (exit code 1): ValueError: bad shard (and 1 more rank(s))"
     e.log = "runs/x/logs/failure.log"
     assert e.summary.endswith("; tracebacks in runs/x/logs/failure.log")
-    mod = WorkerFailedError("...", {2: (1, "x\nsubnetdp.train.timeouts.CollectiveTimeoutError: "
-                                           "rank(s) [1] stopped answering")})
+    mod = WorkerFailedError("...", {2: (1, "x\nsubnetdp.distributed.timeouts."
+                                           "CollectiveTimeoutError: rank(s) [1] stopped "
+                                           "answering")})
     assert mod.summary == ("rank 2 failed (exit code 1): CollectiveTimeoutError: rank(s) [1] "
                            "stopped answering")
 

@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from subnetdp.cli import main
-from subnetdp.commands.eval_cmd import load_model_state
+from subnetdp.checkpoint.export import load_model_state
 from subnetdp.models import get_recipe
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]

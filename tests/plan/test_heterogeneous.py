@@ -69,10 +69,10 @@ def test_train_capacities_gives_ranks_unequal_units(tmp_path) -> None:  # type: 
 def test_train_memory_gb_plans_within_the_budgets(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """``subnetdp train --memory-gb A,B``: the launcher makes an estimator-checked plan (the
     budget table is the one ``subnetdp plan --memory-gb`` prints), the workers train it."""
-    from subnetdp.bench.estimate import estimate_memory
-    from subnetdp.bench.hetero import GB
-    from subnetdp.bench.strategies import BenchSpec
     from subnetdp.cli import main
+    from subnetdp.estimate.hetero import GB
+    from subnetdp.estimate.memory import estimate_memory
+    from subnetdp.estimate.spec import BenchSpec
     from subnetdp.plan import Plan
 
     base = BenchSpec(recipe="resnet18-fmnist", strategy="b-sdp", world=2, batch=4, seq=2,

@@ -8,10 +8,10 @@ from functools import cache
 
 import pytest
 
-from subnetdp.bench.estimate import MemoryEstimate, estimate_memory
-from subnetdp.bench.hetero import GB, BudgetError, plan_for_budgets
-from subnetdp.bench.strategies import BenchSpec
 from subnetdp.cli import main
+from subnetdp.estimate.hetero import GB, BudgetError, plan_for_budgets
+from subnetdp.estimate.memory import MemoryEstimate, estimate_memory
+from subnetdp.estimate.spec import BenchSpec
 
 BASE = BenchSpec(recipe="resnet18-fmnist", strategy="b-sdp", world=4, batch=4, seq=2,
                  model_args=(("width", 4),))

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from subnetdp.bench import budget
-from subnetdp.bench.strategies import BenchSpec
 from subnetdp.cli import main
+from subnetdp.estimate import budget
+from subnetdp.estimate.spec import BenchSpec
 
 COST = {"ddp": 100, "ddp+ac": 80, "fsdp": 60, "fsdp+ac": 40}
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import subnetdp
-from subnetdp.bench.strategies import BenchSpec
 from subnetdp.cli import main
+from subnetdp.estimate.spec import BenchSpec
 from subnetdp.plan import Plan, make_plan
 from subnetdp.plan.objectives import DEFAULT_BALANCE
 from subnetdp.strategy import Composition, PlanSpec, RankSpec, get_strategy
@@ -29,7 +29,7 @@ DECODE = re.compile(r"\b(get_strategy|parse_label)\(")
 # and the benchmarks' labels
 DECODERS = re.compile(r"\b(get_strategy|parse_label|RankSpec\.of)\(")
 EDGES = {"commands/options.py", "commands/plan_cmd.py", "train/config.py", "parallelize.py",
-         "runtime/wrapper.py", "metrics/report.py", "study/suite.py", "bench/strategies.py"}
+         "runtime/wrapper.py", "metrics/report.py", "study/suite.py", "estimate/spec.py"}
 
 
 def _calls(pattern: re.Pattern[str]) -> list[str]:
@@ -87,7 +87,7 @@ def test_values_are_decoded_once_per_config() -> None:
 
 
 def test_bench_honours_every_composition_field(monkeypatch: pytest.MonkeyPatch) -> None:
-    import subnetdp.bench.strategies as strategies
+    import subnetdp.estimate.spec as spec_module
 
     spec = BenchSpec(recipe="llama-tiny", strategy="nb-sdp", world=2, batch=1, seq=8,
                      coverage=0.5, fsdp=True, dtype="bf16-mixed", reduce_dtype="bf16",
@@ -105,9 +105,9 @@ def test_bench_honours_every_composition_field(monkeypatch: pytest.MonkeyPatch) 
         seen.append(kw["strategy"])
         raise Built
 
-    monkeypatch.setattr(strategies, "parallelize", fake_parallelize)
+    monkeypatch.setattr(spec_module, "parallelize", fake_parallelize)
     with pytest.raises(Built):
-        strategies.build_rank(spec)
+        spec_module.build_rank(spec)
     assert seen == [RankSpec(get_strategy("nb-sdp"), want)]
 
 
@@ -194,7 +194,7 @@ def test_a_launch_reads_its_plan_once_and_hands_it_over(
 
 def test_the_pre_launch_check_sees_the_budget_plan(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import subnetdp.bench.hetero as hetero
+    import subnetdp.estimate.hetero as hetero
     import subnetdp.subnet.match as match
     import subnetdp.train.elastic as elastic
     from subnetdp.train.run import run_training

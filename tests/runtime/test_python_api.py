@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 import subnetdp
+from subnetdp.distributed import process_group
+from subnetdp.distributed.process_group import shutdown_distributed
 from subnetdp.subnet.units import describe_units
-from subnetdp.train import launch
-from subnetdp.train.launch import shutdown_distributed
 from tests.dist.harness import run_workers
 from tests.dist.toy import TOY_ADAPTER, Toy, toy_batch, toy_loss
 
@@ -49,7 +49,7 @@ def test_init_distributed_pins_the_local_rank_gpu(monkeypatch: pytest.MonkeyPatc
     group set-up and CUDA calls are recorded instead."""
     pinned: list[torch.device] = []
     monkeypatch.setenv("LOCAL_RANK", "3")
-    monkeypatch.setattr(launch, "init_distributed", lambda backend, timeout: (3, 4))
+    monkeypatch.setattr(process_group, "init_distributed", lambda backend, timeout: (3, 4))
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
     monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
     assert subnetdp.init_distributed() == torch.device("cuda", 3)

@@ -1,7 +1,7 @@
 """Real worker processes: step time, measured memory and counted bytes, all strategies at once.
 
 ``run_step_bench(specs, nproc=)`` starts ``nproc`` gloo workers (NCCL on GPU) through
-``subnetdp.train.launch.launch``; every worker builds one model per spec and runs them with
+``subnetdp.distributed.launch.launch``; every worker builds one model per spec and runs them with
 steps *interleaved* (step i of every strategy, rotating which goes first), so machine noise
 hits all strategies alike. Per strategy and rank it returns the step times after warm-up
 (forward + backward + reduction + optimizer step), the memory of one steady-state step measured
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from subnetdp.bench.strategies import BenchSpec, build_rank, lm_step, vocab_size
+from subnetdp.estimate.spec import BenchSpec, build_rank, lm_step, vocab_size
 from subnetdp.metrics.comm import comm_record
 from subnetdp.metrics.memory import measure_step_memory
 
@@ -73,7 +73,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def _launched(specs: list[BenchSpec], steps: int, warmup: int, device: str) -> dict[str, Any]:
-    from subnetdp.train.launch import init_distributed, shutdown_distributed
+    from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 
     rank, world = init_distributed("gloo" if device == "cpu" else None)
     try:
@@ -87,7 +87,7 @@ def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 3,
     """Launch ``specs[0].world`` workers and summarise: per strategy, the median step time
     over all ranks and steps (the slowest rank's median too), its ratio to ``ddp`` when
     present, the worst rank's measured peak memory and the counted bytes per step."""
-    from subnetdp.train.launch import launch
+    from subnetdp.distributed.launch import launch
 
     worlds = {s.world for s in specs}
     if len(worlds) != 1 or len({(s.recipe, s.batch, s.seq) for s in specs}) != 1:

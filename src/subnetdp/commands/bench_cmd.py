@@ -68,7 +68,7 @@ def add_parser(subparsers: Any) -> None:
 def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
     """The BenchSpec of a ``--strategy`` label with ``--fsdp``/``--ac``/``--zero`` composed
     onto it; ``in_list`` (step/all): onto SDP strategies only, baselines keep their own names."""
-    from subnetdp.bench.strategies import BenchSpec
+    from subnetdp.estimate.spec import BenchSpec
     from subnetdp.strategy import RankSpec
 
     spec = BenchSpec(recipe=args.recipe, strategy=text, world=args.world,
@@ -95,7 +95,7 @@ def _strategies(args: argparse.Namespace) -> list[str]:
 
 
 def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from subnetdp.bench.estimate import estimate_memory
+    from subnetdp.estimate.memory import estimate_memory
 
     est = estimate_memory(_spec(args, args.strategy)).to_dict()
     b = est["breakdown"]
@@ -107,7 +107,7 @@ def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def _comm(args: argparse.Namespace, strategy: str) -> tuple[dict[str, Any], str]:
-    from subnetdp.bench.comm import analytic_comm, worst_comm
+    from subnetdp.estimate.comm import analytic_comm, worst_comm
 
     spec = _spec(args, strategy)
     per_rank = analytic_comm(spec)
@@ -136,9 +136,9 @@ def _step(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def _all(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from subnetdp.bench.comm import analytic_comm, worst_comm
-    from subnetdp.bench.estimate import estimate_memory
     from subnetdp.bench.report import memory_table
+    from subnetdp.estimate.comm import analytic_comm, worst_comm
+    from subnetdp.estimate.memory import estimate_memory
 
     rows = []
     for s in _strategies(args):
@@ -150,7 +150,7 @@ def _all(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from subnetdp.train.launch import WorkerFailedError
+    from subnetdp.distributed.launch import WorkerFailedError
 
     try:
         if args.what == "memory":

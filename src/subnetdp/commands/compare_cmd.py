@@ -31,6 +31,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("compare", help="the quality study: strategies vs DDP baselines",
                               description=__doc__.split("\n\n")[0] if __doc__ else None,
                               formatter_class=HelpFormatter)
+    p.set_defaults(func=run)
     p.add_argument("--suite", default="quality", choices=["quality", "convergence"],
                    help="quality: strategies vs DDP at several coverages; convergence: longer "
                         "runs with downstream evaluation (make study-long)")
@@ -58,10 +59,10 @@ def run(args: argparse.Namespace) -> int:
     import multiprocessing
 
     from subnetdp.data import DatasetMissingError
+    from subnetdp.distributed.launch import WorkerFailedError
     from subnetdp.study.results import write_results
     from subnetdp.study.runner import run_suite
     from subnetdp.study.suite import QUICK, SUITES, enumerate_cells, select
-    from subnetdp.train.launch import WorkerFailedError
 
     if args.suite == "convergence":
         from subnetdp.study import convergence

@@ -28,6 +28,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("demo", help="ddp vs b-sdp on llama-tiny at matched compute, "
                                            "side by side",
                               description=__doc__, formatter_class=HelpFormatter)
+    p.set_defaults(func=run)
     p.add_argument("--recipe", default="llama-tiny", metavar="NAME",
                    help="the recipe both runs train")
     p.add_argument("--nproc", type=int, default=4, metavar="N", help="CPU worker processes")

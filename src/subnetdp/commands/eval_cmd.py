@@ -12,18 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from subnetdp._moved import moved_name
 from subnetdp.commands.options import HelpFormatter, add_device_argument
-
-if TYPE_CHECKING:  # torch loads when a model is evaluated: `subnetdp plan` parses this module
-    import torch
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("eval", help="validation loss/accuracy of a checkpoint or export",
                               description=__doc__, formatter_class=HelpFormatter)
+    p.set_defaults(func=run)
     p.add_argument("path", help="runs/NAME, runs/NAME/checkpoints/step_N or an exported "
                                 ".safetensors file")
     p.add_argument("--eval-batches", type=int, default=None,
@@ -43,72 +41,13 @@ def add_parser(subparsers: Any) -> None:
                         "only)")
 
 
-def load_model_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The full state and ``{"recipe", "model_overrides", "config", "step"}`` of a checkpoint
-    (verified against its checksums) or of an export file."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    from subnetdp.commands.export_cmd import EXPORT_FORMAT
-    from subnetdp.train.ckpt_io import (
-        assemble_full_state,
-        read_manifest,
-        resolve_checkpoint,
-        verify_files,
-    )
-
-    p = Path(path)
-    if p.is_file():
-        try:
-            with safe_open(str(p), framework="pt") as f:
-                meta = dict(f.metadata() or {})
-            state = load_file(str(p))
-        except Exception as e:  # safetensors' own error types for a bad header/body
-            raise ValueError(f"{p} cannot be read as safetensors ({e}); it is truncated or "
-                             "not a model file") from e
-        if meta.get("format") != EXPORT_FORMAT:
-            raise ValueError(f"{p} was not written by `subnetdp export` (no recipe/config in "
-                             "its metadata); evaluate the run's checkpoint instead")
-        info = {"recipe": meta["recipe"], "model_overrides": json.loads(meta["model_overrides"]),
-                "config": json.loads(meta["config"]), "step": int(meta["step"])}
-        return state, info
-    ckpt = resolve_checkpoint(p)
-    manifest = read_manifest(ckpt)
-    verify_files(ckpt, manifest)
-    info = {k: manifest[k] for k in ("recipe", "model_overrides", "config", "step")}
-    return assemble_full_state(ckpt, manifest), info
-
-
-def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
-                  device: str | None = None) -> dict[str, float]:
-    from subnetdp.models import get_recipe
-    from subnetdp.train.config import TrainConfig
-    from subnetdp.train.device import device_name, run_device
-    from subnetdp.train.tasks import make_task
-
-    state, info = load_model_state(path)
-    cfg = TrainConfig.from_dict(info["config"])
-    if eval_batches is not None:
-        if eval_batches < 1:
-            raise ValueError(f"--eval-batches must be >= 1, got {eval_batches}")
-        cfg.eval_batches = eval_batches
-    if device is not None:
-        cfg.device = device
-    device_name(cfg.device)  # the run's own cuda, evaluated where there is none: one line
-    dev = run_device(cfg)
-    model = get_recipe(info["recipe"]).build_model(**info["model_overrides"])
-    model.load_state_dict(state)
-    result = make_task(cfg).evaluate(model.to(dev), dev)
-    return {"step": float(info["step"]), **result}
-
-
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
 
     if args.tasks is not None:
-        from subnetdp.commands.downstream import run_downstream
-
         return run_downstream(args)
+    from subnetdp.evals.validation import evaluate_path
+
     try:
         if args.device is not None:
             from subnetdp.train.device import device_name
@@ -124,3 +63,30 @@ def run(args: argparse.Namespace) -> int:
         rest = "  ".join(f"{k} {v:.4f}" for k, v in result.items() if k != "step")
         print(f"step {int(result['step'])}  {rest}")
     return 0
+
+
+def run_downstream(args: argparse.Namespace) -> int:
+    from subnetdp.evals import EvalDataMissingError, LmEvalMissingError, format_table
+    from subnetdp.evals.downstream import downstream
+    from subnetdp.evals.tasks import parse_tasks
+    from subnetdp.train.device import device_name
+
+    try:
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+        device = device_name(args.device or "cpu")  # an HF folder records no device of its own
+        result = downstream(args.path, parse_tasks(args.tasks), limit=args.limit,
+                            device=device)
+    except (EvalDataMissingError, LmEvalMissingError, ValueError, OSError) as e:
+        print(f"subnetdp eval: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        from subnetdp.metrics.sinks import write_json_atomic
+
+        write_json_atomic(args.out, result)
+    print(json.dumps(result) if args.json else format_table(result))
+    return 0
+
+
+def __getattr__(name: str) -> Any:  # library functions that lived here (subnetdp/_moved.py)
+    return moved_name(__name__, name)

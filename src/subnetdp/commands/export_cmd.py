@@ -8,20 +8,17 @@ code. Its metadata records the recipe, the model overrides and the training conf
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
+from subnetdp._moved import moved_name
 from subnetdp.commands.options import HelpFormatter
-
-EXPORT_FORMAT = "subnetdp-export"
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("export", help="write a checkpoint's full model (safetensors)",
                               description=__doc__, formatter_class=HelpFormatter)
+    p.set_defaults(func=run)
     p.add_argument("run", help="runs/NAME (its newest checkpoint) or runs/NAME/checkpoints/step_N")
     p.add_argument("--out", required=True, metavar="PATH",
                    help="the .safetensors file to write (--format hf: the folder)")
@@ -31,59 +28,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
 
-def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                      overwrite: bool = False) -> dict[str, Any]:
-    """Verify the checkpoint, assemble the full model and write it to ``out`` atomically.
-
-    Returns ``{"checkpoint", "step", "tensors", "params", "out"}``. Every check runs before
-    anything is written, so a refused export leaves ``out`` as it was."""
-    from safetensors.torch import save_file
-
-    from subnetdp.filemode import share
-    from subnetdp.train.ckpt_io import (
-        assemble_full_state,
-        read_manifest,
-        resolve_checkpoint,
-        verify_files,
-    )
-
-    out = Path(out)
-    if out.suffix != ".safetensors":
-        raise ValueError(f"--out {out} must end in .safetensors")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{out} already exists; pass --overwrite to replace it or choose "
-                         "another --out (nothing was written)")
-    ckpt = resolve_checkpoint(source)
-    manifest = read_manifest(ckpt)
-    verify_files(ckpt, manifest)
-    state = assemble_full_state(ckpt, manifest)
-    metadata = {
-        "format": EXPORT_FORMAT,
-        "recipe": manifest["recipe"],
-        "model_overrides": json.dumps(manifest["model_overrides"]),
-        "config": json.dumps(manifest["config"]),
-        "step": str(manifest["step"]),
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        save_file(state, str(tmp), metadata=metadata)
-        share(tmp)  # safetensors writes 0600 whatever the umask
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return {"checkpoint": str(ckpt), "step": manifest["step"], "tensors": len(state),
-            "params": sum(t.numel() for t in state.values()), "out": str(out)}
-
-
 def run(args: argparse.Namespace) -> int:
+    from subnetdp.checkpoint.export import export_checkpoint
     from subnetdp.hf import export_hf
+    from subnetdp.train.config import config_keys
 
     export = export_hf if args.format == "hf" else export_checkpoint
     try:
-        info = export(args.run, args.out, overwrite=args.overwrite)
+        info = export(args.run, args.out, overwrite=args.overwrite, config_keys=config_keys())
     except (ValueError, OSError) as e:
         print(f"subnetdp export: {e}", file=sys.stderr)
         return 2
@@ -96,3 +48,7 @@ def run(args: argparse.Namespace) -> int:
     print("load it with: model.load_state_dict(safetensors.torch.load_file(PATH)) "
           "(model built from the recipe and the 'model_overrides' in the file's metadata)")
     return 0
+
+
+def __getattr__(name: str) -> Any:  # library functions that lived here (subnetdp/_moved.py)
+    return moved_name(__name__, name)

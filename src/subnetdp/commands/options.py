@@ -96,7 +96,7 @@ def add_strategy_argument(p: Container, *, default: str, sdp_only: bool = False,
     ``b-sdp+fsdp``); ``note``: what it means to this command."""
     default_help = f"(default {default})"
     if labels:
-        p.add_argument("--strategy", default=default, type=_label, metavar="STRATEGY",
+        p.add_argument("--strategy", default=default, type=strategy_label, metavar="STRATEGY",
                        help=f"{', '.join((*BASELINES, *SDP_NAMES))}, or an SDP strategy with "
                             f"+fsdp/+ac {default_help}")
     else:
@@ -165,22 +165,23 @@ def add_scheme_arguments(p: Container, *, default: str | None) -> None:
                    help="every unit is held by at least H workers (default 1)")
 
 
+def strategy_label(text: str) -> str:
+    """A ``--strategy`` label (``fsdp+ac``, ``b-sdp+fsdp``), checked."""
+    return _label(text)[0]
+
+
 def strategy_list(text: str) -> list[str]:
     """A comma-separated ``--strategies`` value, each entry checked like ``--strategy``."""
-    return [_label(s.strip()) for s in text.split(",") if s.strip()]
+    return [strategy_label(s.strip()) for s in text.split(",") if s.strip()]
 
 
 def searched_strategy_list(text: str) -> list[tuple[str, str | None]]:
     """``plan --memory-gb --strategies``: each entry checked like ``--strategy``, with the
     name of its strategy when that is an SDP one (the command refuses composed SDP labels)."""
-    return [_decoded(s.strip()) for s in text.split(",") if s.strip()]
+    return [_label(s.strip()) for s in text.split(",") if s.strip()]
 
 
-def _label(text: str) -> str:
-    return _decoded(text)[0]
-
-
-def _decoded(text: str) -> tuple[str, str | None]:
+def _label(text: str) -> tuple[str, str | None]:
     """``text`` checked, and the name of its strategy when that is an SDP one."""
     try:
         strategy = parse_label(text)[0]

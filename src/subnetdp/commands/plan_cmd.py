@@ -95,7 +95,7 @@ def add_parser(subparsers: Any) -> None:
                    help="--check-schedule --fsdp: the prefetch to check: adjacent (what "
                         "subnetdp runs), off, or default (FSDP2's own, which can deadlock)")
     budget = p.add_argument_group(
-        "memory budget (subnetdp.bench.budget / .hetero; needs --recipe, and --nproc "
+        "memory budget (subnetdp.estimate.budget / .hetero; needs --recipe, and --nproc "
         "with one budget)",
         "--fsdp/--ac compose the SDP options; the baselines are listed by name (fsdp+ac, ...)")
     budget.add_argument("--memory-gb", metavar="GB[,GB...]",
@@ -338,9 +338,9 @@ def format_table(rep: dict) -> str:
 
 def _budget(args: argparse.Namespace) -> int:
     """``--memory-gb``: one budget, the strategies and coverages that fit
-    (``bench.budget.plan_budget``); one per worker, a balanced plan that fits them all
-    (``bench.hetero.plan_for_budgets``)."""
-    from subnetdp.bench.strategies import BenchSpec
+    (``estimate.budget.plan_budget``); one per worker, a balanced plan that fits them all
+    (``estimate.hetero.plan_for_budgets``)."""
+    from subnetdp.estimate.spec import BenchSpec
 
     try:
         try:
@@ -362,7 +362,7 @@ def _budget(args: argparse.Namespace) -> int:
                 raise ValueError("--strategies searches one budget; with one budget per "
                                  "worker, name the strategy with --strategy b-sdp or bb-sdp")
             return _per_rank_budgets(args, base, budgets)
-        from subnetdp.bench.budget import format_options, plan_budget
+        from subnetdp.estimate.budget import format_options, plan_budget
 
         options = plan_budget(base, budgets[0], strategies=_searched(args.strategies),
                               fsdp=args.fsdp, ac=args.ac, log=_progress)
@@ -396,15 +396,15 @@ def _searched(strategies: list[tuple[str, str | None]] | None) -> tuple[str, ...
 def _per_rank_budgets(args: argparse.Namespace, base: Any, budgets: list[float]) -> int:
     """A balanced plan whose every rank fits its budget (estimator-checked), or a refusal
     (``BudgetError``, a ValueError) with the smallest budgets that would work."""
-    from subnetdp.bench.budget import Estimates
-    from subnetdp.bench.estimate import estimate_memory
-    from subnetdp.bench.hetero import format_budget_plan, plan_for_budgets
+    from subnetdp.estimate.budget import Estimates
+    from subnetdp.estimate.hetero import format_budget_plan, plan_for_budgets
+    from subnetdp.estimate.memory import estimate_memory
 
     spec = base.replace(strategy=args.strategy, fsdp=args.fsdp, ac=args.ac,
                         min_holders=args.min_holders, seed=args.seed)
     bp = plan_for_budgets(spec, budgets, estimate=Estimates(estimate_memory, _progress))
     if args.save:
-        from subnetdp.bench.strategies import make_bench_plan, meta_model
+        from subnetdp.estimate.spec import make_bench_plan, meta_model
 
         recipe, meta = meta_model(bp.spec)
         with open(args.save, "w") as f:

@@ -13,6 +13,7 @@ from subnetdp.commands.options import HelpFormatter
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("plot", help="loss and memory curves of runs (PNG)",
                               description=__doc__, formatter_class=HelpFormatter)
+    p.set_defaults(func=run)
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (subnetdp train --out)")
     p.add_argument("--out", default=None, metavar="PNG",
                    help="the figure (default: RUN/curves.png of the first run)")

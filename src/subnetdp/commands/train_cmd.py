@@ -188,6 +188,7 @@ def add_data_arguments(p: Container) -> None:
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("train", help="train one run (any strategy, composition and plan)",
                               description=__doc__, formatter_class=HelpFormatter)
+    p.set_defaults(func=run)
     g = add_train_arguments(p)
     g["run"].add_argument("--out", default=None, metavar="DIR",
                           help="the run folder (default runs/<recipe>-<strategy>)")
@@ -259,15 +260,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{cfg.strategy} on {cfg.recipe}: {cfg.nproc} workers, {cfg.steps} steps, run "
               f"folder {cfg.out}", flush=True)
     from subnetdp.data import DatasetMissingError
-    from subnetdp.metrics.report import format_summary
-    from subnetdp.train.launch import (
+    from subnetdp.distributed.launch import (
         RunInterruptedError,
         WorkerFailedError,
         WorkerStartTimeoutError,
     )
-    from subnetdp.train.resume import NonFiniteLossError
+    from subnetdp.metrics.report import format_summary
+    from subnetdp.train.resume import NonFiniteLossError, interrupted_message
     from subnetdp.train.run import run_training
-    from subnetdp.train.signals import interrupted_message
 
     try:
         summary = run_training(cfg)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +20,28 @@ PROVENANCE = ("subnetdp_recipe", "subnetdp_step", "subnetdp_checkpoint")
 
 
 def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
-              overwrite: bool = False) -> dict[str, Any]:
+              overwrite: bool = False, config_keys: Collection[str] | None = None
+              ) -> dict[str, Any]:
     """Verify the checkpoint, rename its full LLaMA state to HF names and write ``out``.
+    ``config_keys``: as in ``checkpoint.files.read_manifest``.
 
     Returns ``{"checkpoint", "step", "tensors", "params", "out"}``."""
     import torch
     from safetensors.torch import save_file
     from tokenizers import Tokenizer
 
+    from subnetdp.checkpoint.files import (
+        assemble_full_state,
+        read_manifest,
+        resolve_checkpoint,
+        verify_files,
+    )
     from subnetdp.data.tokenizer import EOT
     from subnetdp.filemode import share
     from subnetdp.hf.llama import hf_config, to_hf_state
     from subnetdp.hf.tokenizer import hf_tokenizer_files, run_tokenizer
     from subnetdp.models import get_recipe
     from subnetdp.models.llama.model import Llama
-    from subnetdp.train.ckpt_io import (
-        assemble_full_state,
-        read_manifest,
-        resolve_checkpoint,
-        verify_files,
-    )
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -47,7 +50,7 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; --format hf writes a folder")
     ckpt = resolve_checkpoint(source)
-    manifest = read_manifest(ckpt)
+    manifest = read_manifest(ckpt, config_keys=config_keys)
     with torch.device("meta"):
         model = get_recipe(manifest["recipe"]).build_model(**manifest["model_overrides"])
     if not isinstance(model, Llama):

@@ -42,7 +42,7 @@ def allreduce_record(
     groups: dict[tuple[int, ...], float], collective: str = "all_reduce"
 ) -> dict[str, Any]:
     """The record of all-reduces of ``groups[ranks]`` payload bytes per step over each group
-    (``comm_record`` from counted bytes, ``bench.comm`` from the plan). With
+    (``comm_record`` from counted bytes, ``estimate.comm`` from the plan). With
     ``collective="fsdp"`` the payload is FSDP's all-gathers and reduce-scatters, of which a
     ring sends (n-1)/n; with ``"reduce_scatter+all_gather"`` (ZeRO in holder groups) the
     payload is the gradient's, reduce-scattered and all-gathered, 2(n-1)/n of it sent."""

@@ -44,6 +44,15 @@ class Recipe:
         """Build on the current default device (wrap in ``torch.device("meta")`` for big ones)."""
         return self.build(**overrides)
 
+    @property
+    def optimizer_states(self) -> int:
+        """Optimizer tensors per parameter, each as wide as it, of the recipe's own optimizer
+        as training builds it (``train.build.make_optimizer``): AdamW 2 (exp_avg,
+        exp_avg_sq), SGD with momentum 1 (momentum_buffer), plain SGD 0."""
+        if self.defaults.get("optimizer", "adamw") == "sgd":
+            return 1 if self.defaults.get("momentum", 0.9) else 0
+        return 2
+
 
 def _llama_builder(flavour: str) -> Callable[..., nn.Module]:
     def build(**overrides: Any) -> nn.Module:

@@ -72,7 +72,7 @@ def world_mesh(device_type: str) -> DeviceMesh:
 
 def _mesh(pg: dist.ProcessGroup, device_type: str) -> DeviceMesh:
     # A mesh's rank table must be a real tensor, also when built inside FakeTensorMode
-    # (bench.estimate); outside fake mode this context does nothing.
+    # (estimate.memory); outside fake mode this context does nothing.
     with unset_fake_temporarily():
         return DeviceMesh.from_group(pg, device_type)
 

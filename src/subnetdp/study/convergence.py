@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from subnetdp.metrics.sinks import write_json_atomic
+from subnetdp.metrics.sinks import rank_jsonl_path, read_jsonl, val_jsonl_path, write_json_atomic
 from subnetdp.study.runner import CellResult
 from subnetdp.study.suite import Suite, TaskSpec
 from subnetdp.train.config import TrainConfig
@@ -101,8 +101,8 @@ def after_cell(result: CellResult, run_dir: Path, *, downstream_limit: int | Non
 
 
 def _downstream(run_dir: Path, limit: int | None, log: Any) -> None:
-    from subnetdp.commands.downstream import downstream
     from subnetdp.evals import EvalDataMissingError, LmEvalMissingError
+    from subnetdp.evals.downstream import downstream
 
     path = run_dir / DOWNSTREAM_FILE
     if path.exists():
@@ -121,14 +121,15 @@ def _train_accuracy(run_dir: Path) -> None:
     """Accuracy and loss of the final model on the images it trained on (all of them)."""
     import torch
 
-    from subnetdp.commands.eval_cmd import load_model_state
+    from subnetdp.checkpoint.export import load_model_state
     from subnetdp.data import image_eval_batches, load_fashion_mnist
     from subnetdp.models import get_recipe
+    from subnetdp.train.config import config_keys
 
     path = run_dir / TRAIN_EVAL_FILE
     if path.exists():
         return
-    state, info = load_model_state(run_dir)
+    state, info = load_model_state(run_dir, config_keys=config_keys())
     model = get_recipe(info["recipe"]).build_model(**info["model_overrides"])
     model.load_state_dict(state)
     model.eval()
@@ -142,6 +143,29 @@ def _train_accuracy(run_dir: Path) -> None:
     n = len(y_all)
     write_json_atomic(path, {"train_accuracy": correct / n, "train_loss": total / n,
                              "train_samples": n, "step": info["step"]})
+
+
+def run_curves(run_dir: Path) -> dict[str, list[tuple[float, float, float]]]:
+    """Rank 0's curves as ``(step, seconds of training so far, value)``: ``train`` (its
+    training loss) and, with periodic validation, ``val`` (``val_loss`` in metrics/val.jsonl)."""
+    path = rank_jsonl_path(run_dir, 0)
+    if not path.exists():
+        return {"train": [], "val": []}
+    elapsed, seen = 0.0, {}
+    curves: dict[str, list[tuple[float, float, float]]] = {"train": [], "val": []}
+    for rec in read_jsonl(path):
+        step = float(rec.get("step", -1))
+        if "time/step_s" in rec:
+            elapsed += float(rec["time/step_s"])
+            seen[step] = elapsed
+        if "loss" in rec:
+            curves["train"].append((step, elapsed, float(rec["loss"])))
+    val = val_jsonl_path(run_dir)  # periodic validation (--eval-every), rank 0's lines
+    for rec in read_jsonl(val) if val.exists() else []:
+        if "val_loss" in rec:
+            step = float(rec.get("step", -1))
+            curves["val"].append((step, seen.get(step, elapsed), float(rec["val_loss"])))
+    return curves
 
 
 def read_extra(run_dir: Path, name: str) -> dict[str, Any] | None:

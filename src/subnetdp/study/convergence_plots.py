@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from subnetdp.study.convergence_report import run_curves
+from subnetdp.study.convergence import run_curves
 from subnetdp.study.plots import STYLE, _pyplot, _smooth
 from subnetdp.study.runner import CellResult, cell_dir
 from subnetdp.study.suite import TaskSpec

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from subnetdp.metrics.sinks import rank_jsonl_path, read_jsonl, val_jsonl_path, write_json_atomic
+from subnetdp.metrics.sinks import write_json_atomic
 from subnetdp.study.aggregate import Row, all_rows
 from subnetdp.study.convergence import (
     DOWNSTREAM_FILE,
@@ -24,35 +24,14 @@ from subnetdp.study.convergence import (
     FLAT_TOLERANCE,
     TRAIN_EVAL_FILE,
     read_extra,
+    run_curves,
 )
+from subnetdp.study.convergence_plots import curves_plot
 from subnetdp.study.runner import CellResult, cell_dir
 from subnetdp.study.suite import Suite, TaskSpec, is_reference
 from subnetdp.study.tables import BUDGET_TITLES, MiB, rows_table
 
 STEM = "convergence"
-
-
-def run_curves(run_dir: Path) -> dict[str, list[tuple[float, float, float]]]:
-    """Rank 0's curves as ``(step, seconds of training so far, value)``: ``train`` (its
-    training loss) and, with periodic validation, ``val`` (``val_loss`` in metrics/val.jsonl)."""
-    path = rank_jsonl_path(run_dir, 0)
-    if not path.exists():
-        return {"train": [], "val": []}
-    elapsed, seen = 0.0, {}
-    curves: dict[str, list[tuple[float, float, float]]] = {"train": [], "val": []}
-    for rec in read_jsonl(path):
-        step = float(rec.get("step", -1))
-        if "time/step_s" in rec:
-            elapsed += float(rec["time/step_s"])
-            seen[step] = elapsed
-        if "loss" in rec:
-            curves["train"].append((step, elapsed, float(rec["loss"])))
-    val = val_jsonl_path(run_dir)  # periodic validation (--eval-every), rank 0's lines
-    for rec in read_jsonl(val) if val.exists() else []:
-        if "val_loss" in rec:
-            step = float(rec.get("step", -1))
-            curves["val"].append((step, seen.get(step, elapsed), float(rec["val_loss"])))
-    return curves
 
 
 def flattened(values: list[float], *, window: int = 1) -> tuple[bool, float]:
@@ -248,8 +227,6 @@ def write_convergence(suite: Suite, results: list[CellResult], runs: Path, out: 
             md += ["### Findings (generated from the tables)", "", *(f"- {f}" for f in facts),
                    ""]
         if plots:
-            from subnetdp.study.convergence_plots import curves_plot
-
             png = out / f"{STEM}_{task.name}.png"
             curves_plot(task, cells, runs, suite.nproc, png)
             md += [f"![{task.name} curves]({png.name})", ""]

@@ -88,7 +88,7 @@ class ModelCosts:
     shared: UnitCost
     batch: int
     seq: int | None
-    optimizer_states: int = 2  # the recipe's optimizer (bench.strategies.optimizer_states)
+    optimizer_states: int = 2  # the recipe's optimizer (Recipe.optimizer_states)
 
     def cost(self, unit: UnitCost, resource: str) -> float:
         """``unit``'s cost in one resource (``plan.objectives.RESOURCES``)."""
@@ -195,8 +195,6 @@ def recipe_costs(recipe: Any, *, batch: int | None = None, seq: int | None = Non
     d = recipe.defaults
     batch = batch or int(d.get("batch_size", 1))
     seq = (seq or int(d.get("seq_len", 128))) if recipe.task == "lm" else None
-    from subnetdp.bench.strategies import optimizer_states
-
     costs = measure_costs(model, recipe.adapter, example_input(recipe.task, d, batch, seq),
                           seq=seq)
-    return dataclasses.replace(costs, optimizer_states=optimizer_states(recipe.name))
+    return dataclasses.replace(costs, optimizer_states=recipe.optimizer_states)

@@ -1,8 +1,8 @@
-"""Training: config schema, the trainer's step, one run end to end, checkpoints and the resume
-policy, and starting worker processes.
+"""Training: config schema, the trainer's step, one run end to end, the resume policy and the
+elastic shrink.
 
 ``subnetdp.train.run.run_training`` trains one run from a ``TrainConfig`` (the CLI, the demo,
-the study and the benchmarks call it); ``subnetdp.train.launch`` starts local workers (or
-defers to torchrun) and sets up the process group inside each one; ``checkpoint`` saves and
-restores a rank's share exactly, ``resume`` decides where a run starts and what it may change.
+the study and the benchmarks call it); ``subnetdp.distributed`` starts the workers and sets up
+their process group; ``subnetdp.checkpoint`` saves and restores a rank's share exactly;
+``resume`` decides where a run starts and what it may change.
 """

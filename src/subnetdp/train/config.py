@@ -60,7 +60,7 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0
     progress: bool = True
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"width": 16}
-    # Checkpoints (train/checkpoint.py): every ckpt_every steps and at the end (0 = never),
+    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps and at the end (0 = never),
     # keeping the newest ckpt_keep; resume = a run folder or one of its checkpoints;
     # max_restarts = times torch elastic restarts a failed worker group (it then resumes from
     # the newest checkpoint).
@@ -69,8 +69,8 @@ class TrainConfig:
     resume: str | None = None
     max_restarts: int = 0
     # Run folder and re-planning: overwrite = replace an earlier run's files in out
-    # (train/rundir.py); reshard = resume under another world size, coverage or plan
-    # (train/reshard.py); min_nproc = elastic shrink: a run that loses a worker for good goes
+    # (checkpoint/rundir.py); reshard = resume under another world size, coverage or plan
+    # (checkpoint/reshard.py); min_nproc = elastic shrink: a run that loses a worker for good goes
     # on with one fewer (down to min_nproc) from its newest checkpoint, resharded
     # (train/elastic.py; None = never shrink).
     overwrite: bool = False
@@ -78,7 +78,7 @@ class TrainConfig:
     min_nproc: int | None = None
     # Seconds a collective may wait for a peer before the group stops, naming the silent rank
     # (also bounds worker start-up); evaluation and checkpoint writes get longer
-    # (train/timeouts.py).
+    # (distributed/timeouts.py).
     collective_timeout: float = 300.0
     # DDP baselines (subnet/regularize.py): skip each block with this probability per step
     # (stochastic depth, no rescaling, like b-sdp) and drop whole neuron slots of every layer
@@ -171,9 +171,7 @@ class TrainConfig:
             bad("--plan-file needs an SDP strategy (ddp holds the whole model); drop it")
         parse_balance(self.balance)  # a PlanError (ValueError) that says what is allowed
         if self.capacities is not None or self.memory_gb is not None:
-            from subnetdp.train.hetero import check_hetero
-
-            check_hetero(self)
+            _check_hetero(self)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
         if self.neuron_groups is not None and self.neuron_groups < 1:
@@ -287,3 +285,30 @@ def upgrade_config(d: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"config_version {version!r} is not one this subnetdp reads (1 to "
                          f"{CONFIG_VERSION}): {why}")
     return d
+
+
+def config_keys() -> frozenset[str]:
+    """The fields of ``TrainConfig``: all that a checkpoint's recorded config may hold
+    (``checkpoint.files.read_manifest``)."""
+    return frozenset(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def _check_hetero(cfg: TrainConfig) -> None:
+    """What ``TrainConfig.validate`` checks for --capacities/--memory-gb (world-free; the
+    rest is ``train.hetero.prepare_hetero``)."""
+    if cfg.capacities is not None and cfg.memory_gb is not None:
+        raise ValueError("give --capacities or --memory-gb, not both")
+    name = "--capacities" if cfg.capacities is not None else "--memory-gb"
+    values = cfg.capacities if cfg.capacities is not None else cfg.memory_gb
+    assert values is not None
+    if cfg.plan_file is not None:
+        raise ValueError(f"{name} makes the plan; drop --plan-file (or {name})")
+    strategy = cfg.strategy_value
+    if not strategy.is_sdp or strategy.neuron_level:
+        raise ValueError(f"{name} needs block units (--strategy b-sdp or bb-sdp), not "
+                         f"{strategy.name}")
+    if not values or min(values) <= 0:
+        raise ValueError(f"{name} needs one positive value per worker, got {values}")
+    if cfg.capacities is not None and max(cfg.capacities) > 1:
+        raise ValueError(f"--capacities are shares of the units' cost, in (0, 1]; got "
+                         f"{cfg.capacities}")

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from subnetdp.checkpoint.files import checkpoints_root, newest_checkpoint, read_manifest
+from subnetdp.distributed.launch import WorkerFailedError, launch
 from subnetdp.metrics.sinks import rank_jsonl_path
 from subnetdp.plan import Plan
-from subnetdp.train.ckpt_io import checkpoints_root, newest_checkpoint, read_manifest
-from subnetdp.train.config import TrainConfig
-from subnetdp.train.launch import WorkerFailedError, launch
+from subnetdp.train.config import TrainConfig, config_keys
 from subnetdp.train.resume import truncate_metrics
 
 __all__ = ["check_replan_options", "launch_shrinking", "shrunk_config"]
@@ -85,7 +85,7 @@ def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> Tra
     newest = newest_checkpoint(checkpoints_root(cfg.out))
     if newest is None:
         return None
-    step = int(read_manifest(newest)["step"])
+    step = int(read_manifest(newest, config_keys=config_keys())["step"])
     smaller = dataclasses.replace(cfg, nproc=cfg.nproc - 1, resume=str(newest), reshard=True)
     for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the checkpoint
         path = rank_jsonl_path(Path(cfg.out), rank)

@@ -3,10 +3,10 @@
 ``--capacities 1,0.5,0.5,0.5``: every rank builds the same balanced plan (deterministic, from
 the cost model) with rank i holding about ``capacities[i]`` of the units' cost. ``--memory-gb
 80,40,40,40``: the launching process turns the budgets into such a plan (balanced on memory)
-with ``bench.hetero.plan_for_budgets`` (every rank checked by the fake-tensor estimator, which
-needs a process without a process group) before the pre-launch checks, which check that plan;
-it is written to the run folder and handed to the workers, so they never run the estimator.
-Both refuse bad input before any worker starts.
+with ``estimate.hetero.plan_for_budgets`` (every rank checked by the fake-tensor estimator,
+which needs a process without a process group) before the pre-launch checks, which check that
+plan; it is written to the run folder and handed to the workers, so they never run the
+estimator. Both refuse bad input before any worker starts.
 """
 
 from __future__ import annotations
@@ -19,26 +19,6 @@ from subnetdp.plan import Plan
 from subnetdp.train.config import TrainConfig
 
 BUDGET_PLAN = "budget_plan.json"  # in the run folder: the plan --memory-gb made
-
-
-def check_hetero(cfg: TrainConfig) -> None:
-    """What ``TrainConfig.validate`` checks for --capacities/--memory-gb (world-free)."""
-    if cfg.capacities is not None and cfg.memory_gb is not None:
-        raise ValueError("give --capacities or --memory-gb, not both")
-    name = "--capacities" if cfg.capacities is not None else "--memory-gb"
-    values = cfg.capacities if cfg.capacities is not None else cfg.memory_gb
-    assert values is not None
-    if cfg.plan_file is not None:
-        raise ValueError(f"{name} makes the plan; drop --plan-file (or {name})")
-    strategy = cfg.strategy_value
-    if not strategy.is_sdp or strategy.neuron_level:
-        raise ValueError(f"{name} needs block units (--strategy b-sdp or bb-sdp), not "
-                         f"{strategy.name}")
-    if not values or min(values) <= 0:
-        raise ValueError(f"{name} needs one positive value per worker, got {values}")
-    if cfg.capacities is not None and max(cfg.capacities) > 1:
-        raise ValueError(f"--capacities are shares of the units' cost, in (0, 1]; got "
-                         f"{cfg.capacities}")
 
 
 def check_world(cfg: TrainConfig, world: int, *, worker: bool = False) -> None:
@@ -63,8 +43,8 @@ def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
     if cfg.memory_gb is None:
         return None
     check_world(cfg, world)
-    from subnetdp.bench.hetero import BudgetError, format_budget_plan, plan_for_budgets
-    from subnetdp.bench.strategies import BenchSpec, make_bench_plan, meta_model
+    from subnetdp.estimate.hetero import BudgetError, format_budget_plan, plan_for_budgets
+    from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 
     assert cfg.batch_size is not None
     spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy_value.name, world=world,

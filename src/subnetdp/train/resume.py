@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from subnetdp.metrics.sinks import read_jsonl
-from subnetdp.train.checkpoint import RunStoppedError, check_compatible
-from subnetdp.train.ckpt_io import (
+from subnetdp.checkpoint.checkpointer import RunStoppedError, check_compatible
+from subnetdp.checkpoint.files import (
     CheckpointError,
     checkpoints_root,
     list_checkpoints,
@@ -26,7 +25,8 @@ from subnetdp.train.ckpt_io import (
     resolve_checkpoint,
     verify_files,
 )
-from subnetdp.train.config import TrainConfig
+from subnetdp.metrics.sinks import read_jsonl
+from subnetdp.train.config import TrainConfig, config_keys
 
 __all__ = [
     "RESHARD_OVERRIDABLE",
@@ -34,6 +34,7 @@ __all__ = [
     "NonFiniteLossError",
     "check_fresh_run_dir",
     "drop_replayed_metrics",
+    "interrupted_message",
     "not_finite_error",
     "preflight_resume",
     "restart_count",
@@ -83,6 +84,16 @@ def resume_source(resume: str | None, run_dir: Path) -> Path | None:
     return None
 
 
+def interrupted_message(signame: str, out: str | None) -> str:
+    """The launching process's one line after a signal stopped the run in ``out``."""
+    found = list_checkpoints(checkpoints_root(Path(out))) if out else []
+    if found:
+        return (f"interrupted ({signame}); resume with --resume {out} (newest checkpoint: "
+                f"{found[-1].name})")
+    return (f"interrupted ({signame}); no checkpoint had been written, so a new run starts "
+            "over (use --ckpt-every N to keep progress)")
+
+
 def check_fresh_run_dir(run_dir: Path) -> None:
     """A new run must not start in a folder holding another run's checkpoints."""
     found = list_checkpoints(checkpoints_root(run_dir))
@@ -97,7 +108,7 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> Tra
     """The configuration of a resumed run: the checkpoint's own, plus the options the user set
     explicitly that a resume may change. Any other explicit option that differs is refused."""
     ckpt = resolve_checkpoint(resume)
-    manifest = read_manifest(ckpt)
+    manifest = read_manifest(ckpt, config_keys=config_keys())
     saved = dict(manifest["config"])
     run_dir = ckpt.parent.parent
     if "overwrite" in explicit:
@@ -141,7 +152,7 @@ def preflight_resume(cfg: TrainConfig) -> None:
     if not cfg.resume:
         return
     ckpt = resolve_checkpoint(cfg.resume)
-    manifest = read_manifest(ckpt)
+    manifest = read_manifest(ckpt, config_keys=config_keys())
     check_compatible(manifest, ckpt, world=cfg.nproc, strategy=cfg.strategy, plan=None,
                      model_state=None, reshard=cfg.reshard)
     verify_files(ckpt, manifest)

@@ -25,12 +25,13 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     # (seconds to a minute); under torchrun there is none, and rank 0 speaks for the run.
     say = _say if cfg.progress and "RANK" not in os.environ else None
     # torch, the models and the trainer load when a run starts, not on import
+    from subnetdp.checkpoint.rundir import check_fresh, hold_run_folder
+    from subnetdp.distributed.launch import WorkerFailedError
+    from subnetdp.distributed.process_group import under_launcher
     from subnetdp.metrics.progress import LiveBar
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
-    from subnetdp.train.launch import WorkerFailedError, under_launcher
     from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count
-    from subnetdp.train.rundir import check_fresh, hold_run_folder
     from subnetdp.train.tasks import make_task
     from subnetdp.train.trainer import train_worker
 
@@ -51,7 +52,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         if cfg.resume:
             preflight_resume(cfg)
         check_replan_options(cfg)
-    # One writer per run folder, held across restarts and shrinks (train/rundir.py); under
+    # One writer per run folder, held across restarts and shrinks (checkpoint/rundir.py); under
     # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
     owner = not under_launcher() or os.environ.get("RANK") == "0"
     logs = Path(cfg.out) / "logs"  # every worker's output and the agent's log

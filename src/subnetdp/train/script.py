@@ -2,10 +2,10 @@
 the process group and this rank's device, and saving and resuming the model with its optimizer.
 
 ``save``/``load`` write and read the same sharded checkpoints as ``subnetdp train`` (the
-``Checkpointer`` of ``train.checkpoint``, files as in ``train.ckpt_io``): each rank writes the
-pieces it owns, its optimizer state cut the same way, and its RNG states, so a resumed script
-continues exactly ([Note: exact resume] in ``train.checkpoint``). ``subnetdp export DIR`` reads
-them too.
+``Checkpointer`` of ``checkpoint.checkpointer``, files as in ``checkpoint.files``): each rank
+writes the pieces it owns, its optimizer state cut the same way, and its RNG states, so a
+resumed script continues exactly ([Note: exact resume] in ``checkpoint.checkpointer``).
+``subnetdp export DIR`` reads them too.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from subnetdp.checkpoint.checkpointer import Checkpointer
+from subnetdp.checkpoint.files import resolve_checkpoint
+from subnetdp.distributed import process_group
 from subnetdp.runtime.called_by_all import called_by_all
 from subnetdp.runtime.wrapper import SubnetDataParallel
-from subnetdp.train import launch
-from subnetdp.train.checkpoint import Checkpointer
-from subnetdp.train.ckpt_io import resolve_checkpoint
 from subnetdp.train.config import TrainConfig
 
 __all__ = ["OWN_MODEL", "init_distributed", "load", "save"]
@@ -39,7 +39,7 @@ def init_distributed(*, backend: str | None = None,
     to ``cuda:LOCAL_RANK`` when CUDA is available (else every rank would use ``cuda:0``), gloo
     on the CPU otherwise. ``timeout``: seconds a collective waits for a peer (None: torch's
     default). Idempotent: a group that exists is kept."""
-    launch.init_distributed(backend, timeout)
+    process_group.init_distributed(backend, timeout)
     if "nccl" not in str(dist.get_backend()):
         return torch.device("cpu")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -102,7 +102,7 @@ def _checkpointer(path: str | os.PathLike[str], model: SubnetDataParallel,
 
 def _model_state(model: SubnetDataParallel) -> list[list[Any]]:
     """The full model's state entries ``[key, shape, dtype]`` in its own order (as
-    ``train.checkpoint.run_info`` records a recipe's): a slice entry's pieces add up along
+    ``checkpoint.checkpointer.run_info`` records a recipe's): a slice entry's pieces add up along
     their dimension."""
     shapes: dict[str, list[int]] = {}
     dtypes: dict[str, str] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from subnetdp.train.checkpoint import RunStoppedError
+from subnetdp.checkpoint.checkpointer import RunStoppedError
 
 __all__ = ["MARKER", "RunFolderNotSharedError", "check_shared_folder"]
 

@@ -13,6 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError, run_info
+from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
+from subnetdp.distributed.signals import GracefulStop
+from subnetdp.distributed.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
 from subnetdp.hf.tokenizer import save_run_tokenizer
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.metrics.memory import measure_step_memory
@@ -31,11 +35,9 @@ from subnetdp.plan import Plan, diagnostics, worker_bytes
 from subnetdp.runtime.rank import RankModel
 from subnetdp.subnet.build import build_full_model
 from subnetdp.train.build import build_rank, make_optimizer, run_plan, save_plan
-from subnetdp.train.checkpoint import Checkpointer, RunStoppedError, run_info
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.device import run_device, to_device
 from subnetdp.train.flops import rank_step_flops
-from subnetdp.train.launch import init_distributed, shutdown_distributed
 from subnetdp.train.resume import (
     drop_replayed_metrics,
     not_finite_error,
@@ -43,9 +45,7 @@ from subnetdp.train.resume import (
     state_finite,
 )
 from subnetdp.train.shared_folder import check_shared_folder
-from subnetdp.train.signals import GracefulStop
 from subnetdp.train.tasks import Task, make_task
-from subnetdp.train.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
 
 WARMUP_STEPS = 2  # excluded from the median step time (allocations, DDP bucket rebuild)
 

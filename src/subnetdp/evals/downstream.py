@@ -1,10 +1,8 @@
-"""``subnetdp eval PATH --tasks ...``: downstream accuracy of a run, checkpoint or HF folder."""
+"""Downstream accuracy (``subnetdp eval PATH --tasks ...``) of a run, checkpoint or HF folder."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,34 +27,13 @@ def downstream(path: str | Path, tasks: list[str], *, limit: int | None = None,
     from subnetdp.evals import evaluate_downstream
     from subnetdp.evals.tasks import data_root
     from subnetdp.hf import export_hf
+    from subnetdp.train.config import config_keys
 
     p = Path(path)
     if is_hf_folder(p):
         return evaluate_downstream(p, tasks, limit=limit, device=device)
     data_root()  # a missing data package is reported before the export
     with tempfile.TemporaryDirectory(prefix="subnetdp-eval-") as tmp:
-        info = export_hf(p, Path(tmp) / "hf")
+        info = export_hf(p, Path(tmp) / "hf", config_keys=config_keys())
         result = evaluate_downstream(info["out"], tasks, limit=limit, device=device)
     return result | {"model": str(p), "checkpoint": info["checkpoint"], "step": info["step"]}
-
-
-def run_downstream(args: argparse.Namespace) -> int:
-    from subnetdp.evals import EvalDataMissingError, LmEvalMissingError, format_table
-    from subnetdp.evals.tasks import parse_tasks
-    from subnetdp.train.device import device_name
-
-    try:
-        if args.limit is not None and args.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {args.limit}")
-        device = device_name(args.device or "cpu")  # an HF folder records no device of its own
-        result = downstream(args.path, parse_tasks(args.tasks), limit=args.limit,
-                            device=device)
-    except (EvalDataMissingError, LmEvalMissingError, ValueError, OSError) as e:
-        print(f"subnetdp eval: {e}", file=sys.stderr)
-        return 2
-    if args.out:
-        from subnetdp.metrics.sinks import write_json_atomic
-
-        write_json_atomic(args.out, result)
-    print(json.dumps(result) if args.json else format_table(result))
-    return 0

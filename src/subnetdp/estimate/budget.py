@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from subnetdp.bench.comm import analytic_comm, worst_comm
-from subnetdp.bench.estimate import estimate_memory
-from subnetdp.bench.strategies import BenchSpec, meta_model
+from subnetdp.estimate.comm import analytic_comm, worst_comm
+from subnetdp.estimate.memory import estimate_memory
+from subnetdp.estimate.spec import BenchSpec, meta_model
 from subnetdp.strategy import BASELINES, SDP_NAMES
 
 GiB = float(1 << 30)
@@ -81,7 +81,7 @@ def _estimate_peak(spec: BenchSpec) -> int:
 
 
 def _num_units(spec: BenchSpec) -> int:
-    from subnetdp.bench.strategies import make_bench_plan
+    from subnetdp.estimate.spec import make_bench_plan
 
     recipe, meta = meta_model(spec)
     plan = make_bench_plan(spec.replace(coverage=1.0), meta, recipe)

@@ -37,17 +37,14 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
 
-from subnetdp.plan import Plan
-from subnetdp.runtime.rank import RankModel
-from subnetdp.runtime.zero import zero_of
-from subnetdp.train.ckpt_io import (
+from subnetdp.checkpoint.files import (
     FORMAT,
     VERSION,
     CheckpointError,
@@ -65,8 +62,10 @@ from subnetdp.train.ckpt_io import (
     write_manifest,
     write_shard,
 )
-from subnetdp.train.config import TrainConfig
-from subnetdp.train.reshard import PieceReader, model_shapes, reseed
+from subnetdp.checkpoint.reshard import PieceReader, model_shapes, reseed
+from subnetdp.plan import Plan
+from subnetdp.runtime.rank import RankModel
+from subnetdp.runtime.zero import zero_of
 
 __all__ = ["CheckpointError", "CheckpointUnusableError", "CheckpointWriteError", "Checkpointer",
            "RunStoppedError", "check_compatible", "run_info"]
@@ -88,11 +87,25 @@ class CheckpointUnusableError(RunStoppedError):
     """Every rank found the checkpoint to resume unusable (damaged, or not visible to all)."""
 
 
+class RunOptions(Protocol):
+    """What a checkpoint reads of the run's configuration (``train.config.TrainConfig`` is
+    one): the checkpoint floor sits below training and knows no training config class."""
+
+    steps: int
+    seed: int
+    strategy: str
+    ckpt_every: int
+    ckpt_keep: int
+    reshard: bool
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 class Checkpointer:
     """Saves and restores one rank's share of a run. ``save`` and ``restore`` are collective."""
 
     def __init__(self, run_dir: Path, model: RankModel, opt: torch.optim.Optimizer, sched: Any,
-                 *, plan: Plan, cfg: TrainConfig, rank: int, world: int,
+                 *, plan: Plan, cfg: RunOptions, rank: int, world: int,
                  info: dict[str, Any]) -> None:
         self.root = checkpoints_root(run_dir)
         self.model, self.opt, self.sched = model, opt, sched
@@ -194,7 +207,7 @@ class Checkpointer:
         the number of steps it had completed (the next step to run). Under ``--reshard`` the
         checkpoint may come from another world size or plan ([Note: resharded resume]); an
         elastic restart into a different world size reshards by itself."""
-        manifest = _read_together(ckpt, self.rank, self.world)
+        manifest = _read_together(ckpt, self.rank, self.world, set(self.cfg.to_dict()))
         reshard = self.cfg.reshard or _restarted_into_another_world(manifest, self.world)
         check_compatible(manifest, ckpt, world=self.world, strategy=self.cfg.strategy,
                          plan=self.plan, model_state=self.info["model_state"], reshard=reshard)
@@ -385,13 +398,14 @@ def _normalised(obj: Any) -> Any:
     return json.loads(json.dumps(obj))
 
 
-def _read_together(ckpt: Path, rank: int, world: int) -> dict[str, Any]:
+def _read_together(ckpt: Path, rank: int, world: int, config_keys: set[str]
+                   ) -> dict[str, Any]:
     """The manifest, read by every rank; ranks that cannot read it, or read another one, while
     rank 0 can, do not share the run folder (node-local ``--out``): say so on every rank."""
     manifest: dict[str, Any] | None = None
     error = ""
     try:
-        manifest = read_manifest(ckpt)
+        manifest = read_manifest(ckpt, config_keys=config_keys)
     except CheckpointError as e:
         error = str(e)
     views: list[Any] = [None] * world

@@ -5,7 +5,7 @@ on to the workers and kills them ``launch.SHUTDOWN_GRACE_S`` later. A worker wit
 ``GracefulStop`` installed only notes the signal; after each step it either continues to the
 checkpoint that is due within ``grace_s`` seconds (at its measured step time), writes it and
 exits, or exits at once. Exiting is ``SystemExit``: nothing half-written is published (a
-checkpoint appears only by an atomic rename of a complete folder, train/ckpt_io.py), so a rank
+checkpoint appears only by an atomic rename of a complete folder, checkpoint/files.py), so a rank
 that exits while its peers still write leaves the previous checkpoint the newest.
 """
 
@@ -16,7 +16,7 @@ import signal
 import time
 from types import FrameType
 
-__all__ = ["GRACE_S", "GracefulStop", "interrupted_message", "steps_to_checkpoint"]
+__all__ = ["GRACE_S", "GracefulStop", "steps_to_checkpoint"]
 
 GRACE_S = 15.0  # below launch.SHUTDOWN_GRACE_S, leaving time for the write itself
 
@@ -53,17 +53,3 @@ class GracefulStop:
         remaining = self.grace_s - (time.monotonic() - self._at)
         if saved or left is None or left * step_s > remaining:
             raise SystemExit(128 + self.signum)
-
-
-def interrupted_message(signame: str, out: str | None) -> str:
-    """The launching process's one line after a signal stopped the run in ``out``."""
-    from pathlib import Path
-
-    from subnetdp.train.ckpt_io import checkpoints_root, list_checkpoints
-
-    found = list_checkpoints(checkpoints_root(Path(out))) if out else []
-    if found:
-        return (f"interrupted ({signame}); resume with --resume {out} (newest checkpoint: "
-                f"{found[-1].name})")
-    return (f"interrupted ({signame}); no checkpoint had been written, so a new run starts "
-            "over (use --ckpt-every N to keep progress)")

@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from subnetdp.bench.estimate import MemoryEstimate, estimate_memory
-from subnetdp.bench.strategies import BenchSpec
+from subnetdp.estimate.memory import MemoryEstimate, estimate_memory
+from subnetdp.estimate.spec import BenchSpec
 from subnetdp.models import get_recipe
 
 GB = 1e9

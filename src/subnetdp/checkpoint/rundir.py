@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from subnetdp.train.ckpt_io import CheckpointError, checkpoints_root, list_checkpoints
+from subnetdp.checkpoint.files import CheckpointError, checkpoints_root, list_checkpoints
 
 __all__ = ["LOCK", "RUN_FILES", "RunFolderBusyError", "check_fresh", "hold_run_folder"]
 

@@ -31,14 +31,13 @@ of the folder, is refused before any tensor is read (``export``, ``eval``, ``--r
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +219,10 @@ def prune(root: Path, keep: int) -> list[Path]:
 
 
 # -- reading ----------------------------------------------------------------------------------
-def read_manifest(ckpt: Path) -> dict[str, Any]:
-    """The manifest of checkpoint folder ``ckpt``, verified ([Note: self-verifying manifests])."""
+def read_manifest(ckpt: Path, *, config_keys: Collection[str] | None = None) -> dict[str, Any]:
+    """The manifest of checkpoint folder ``ckpt``, verified ([Note: self-verifying manifests]).
+    ``config_keys``: the training configuration's fields (``train.config.config_keys()``);
+    a manifest whose config has others is refused (None: the config is not checked)."""
     path = ckpt / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -238,7 +239,7 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
     if manifest.get("checksum") != manifest_checksum(manifest):
         raise CheckpointError(f"{path} does not match its own checksum: it was damaged or "
                               "edited; use an earlier checkpoint (nothing was read)")
-    _check_schema(manifest, path)
+    _check_schema(manifest, path, config_keys)
     folder = _STEP_DIR.match(ckpt.name)
     if folder is not None and int(folder[1]) != manifest["step"]:
         raise CheckpointError(f"{path} says step {manifest['step']} but lies in {ckpt.name}: "
@@ -257,9 +258,8 @@ _OPTIMIZER_SCHEMA: dict[str, type] = {"class": str, "like_states": list, "scalar
                                       "param_groups": list, "scheduler": dict}
 
 
-def _check_schema(manifest: dict[str, Any], path: Path) -> None:
-    from subnetdp.train.config import TrainConfig  # a dataclass; no torch.distributed
-
+def _check_schema(manifest: dict[str, Any], path: Path, config_keys: Collection[str] | None
+                  ) -> None:
     def bad(what: str) -> CheckpointError:
         return CheckpointError(f"{path} is not a valid manifest ({what}); use an earlier "
                                "checkpoint")
@@ -278,8 +278,7 @@ def _check_schema(manifest: dict[str, Any], path: Path) -> None:
     if manifest["step"] < 0 or manifest["world"] < 1:
         raise bad(f"step {manifest['step']}, world {manifest['world']}")
     typed(manifest["optimizer"], _OPTIMIZER_SCHEMA, "optimizer ")
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(manifest["config"]) - known)
+    unknown = sorted(set(manifest["config"]) - set(config_keys)) if config_keys is not None else []
     if unknown:
         raise bad(f"unknown config keys {unknown[:5]}")
     for name, entry in manifest["files"].items():

@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from subnetdp.bench.estimate import fsdp_unit_shapes
-from subnetdp.bench.strategies import BenchSpec, make_bench_plan, meta_model
+from subnetdp.estimate.memory import fsdp_unit_shapes
+from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.metrics.comm import allreduce_record, group_key, ring_bytes
 from subnetdp.plan import Plan
 from subnetdp.subnet.units import unit_modules

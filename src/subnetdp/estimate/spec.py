@@ -51,13 +51,8 @@ from subnetdp.subnet.planning import build_plan
 
 
 def optimizer_states(recipe: str) -> int:
-    """Optimizer tensors per parameter, each as wide as it: the recipe's own optimizer, as
-    training builds it (``train.build.make_optimizer``): AdamW 2 (exp_avg, exp_avg_sq), SGD
-    with momentum 1 (momentum_buffer), plain SGD 0."""
-    d = get_recipe(recipe).defaults
-    if d.get("optimizer", "adamw") == "sgd":
-        return 1 if d.get("momentum", 0.9) else 0
-    return 2
+    """Optimizer tensors per parameter of the named recipe (``Recipe.optimizer_states``)."""
+    return get_recipe(recipe).optimizer_states
 
 
 def all_strategies() -> tuple[str, ...]:

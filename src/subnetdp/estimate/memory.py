@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from subnetdp.bench.strategies import (
+from subnetdp.estimate.spec import (
     BenchSpec,
     Built,
     build_rank,

@@ -1,12 +1,10 @@
-"""Start local worker processes and set up the process group inside each one.
+"""Start local worker processes.
 
 ``launch(fn, args, nproc=4, run_id=...)`` runs ``fn(*args)`` in ``nproc`` processes through torch's
 elastic launcher (the engine behind ``torchrun``) and returns ``{rank: return value}``. Under
 ``torchrun`` (or any launcher that sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``) it runs ``fn`` in
-the current process instead, so one entry point serves both.
-
-Inside a worker, ``init_distributed()`` creates the default process group (gloo on CPU, NCCL on
-CUDA) and returns ``(rank, world_size)``.
+the current process instead, so one entry point serves both. Inside a worker,
+``process_group.init_distributed()`` sets up the process group.
 """
 
 from __future__ import annotations
@@ -23,13 +21,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from subnetdp._moved import moved_name
+from subnetdp.distributed.process_group import (
+    LAUNCHER_VARS,
+    default_env,
+    gloo_loopback,
+    under_launcher,
+)
 from subnetdp.filemode import share
 
 __all__ = [
@@ -37,16 +41,11 @@ __all__ = [
     "WorkerFailedError",
     "WorkerStartTimeoutError",
     "free_port",
-    "gloo_loopback",
-    "init_distributed",
     "launch",
-    "shutdown_distributed",
-    "under_launcher",
 ]
 
 logger = logging.getLogger(__name__)
 
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 # The elastic agent installs its own handlers for these; we restore the caller's afterwards so
 # that e.g. pytest or a notebook keeps its Ctrl-C behaviour.
 _SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -101,11 +100,6 @@ class WorkerStartTimeoutError(RuntimeError):
             "stopped); the machine may be overloaded, or a worker hung while starting. "
             "Try again, or raise --collective-timeout")
         self.missing = missing
-
-
-def under_launcher() -> bool:
-    """True when a launcher (torchrun, ``launch``) already started this process as a worker."""
-    return all(v in os.environ for v in _LAUNCHER_VARS)
 
 
 def free_port() -> int:
@@ -193,7 +187,7 @@ def launch(
         local_addr="127.0.0.1",
         logs_specs=logs,
         # a SIGTERM/SIGINT is passed on to the workers, which may finish a checkpoint that is
-        # due (train/signals.py) before they are killed
+        # due (distributed/signals.py) before they are killed
         shutdown_timeout=SHUTDOWN_GRACE_S,
         log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
     )
@@ -204,7 +198,7 @@ def launch(
     restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
     with (
         _preserved_process_state(),
-        _default_env(OMP_NUM_THREADS="1", **restart_env),
+        default_env(OMP_NUM_THREADS="1", **restart_env),
         _gc_paused(start_method == "fork") as gc_was_enabled,
         _agent_log(log_dir),
         _StartWatch(nproc, start_timeout) as watch,
@@ -351,7 +345,7 @@ def _gc_paused(active: bool) -> Iterator[bool]:
 # What the elastic agent sets in each worker's environment (and TORCHELASTIC_*); everything
 # else a worker takes from the launching process as it was at the launch.
 _AGENT_VARS = frozenset({
-    *_LAUNCHER_VARS, "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+    *LAUNCHER_VARS, "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
     "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"})
 
@@ -420,27 +414,6 @@ def _failure_text(f: Any) -> str:
     return str(getattr(f, "message", "")) or "no traceback (killed by a signal or os._exit?)"
 
 
-def gloo_loopback() -> dict[str, str]:
-    """``GLOO_SOCKET_IFNAME`` for the loopback interface: local workers talk over it. Else gloo
-    binds to what the host name resolves to, which fails or stalls where /etc/hosts or DNS
-    does not know the host."""
-    names = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]
-    return {"GLOO_SOCKET_IFNAME": names[0]} if names else {}
-
-
-@contextlib.contextmanager
-def _default_env(**defaults: str) -> Iterator[None]:
-    """Set env vars that are unset, for the children to inherit, and undo it afterwards."""
-    added = [k for k in defaults if k not in os.environ]
-    for k in added:
-        os.environ[k] = defaults[k]
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
-
-
 @contextlib.contextmanager
 def _preserved_process_state() -> Iterator[None]:
     """Undo the elastic agent's process-wide side effects (signal handlers, env vars)."""
@@ -463,35 +436,5 @@ def _preserved_process_state() -> Iterator[None]:
             os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env
 
 
-def init_distributed(backend: str | None = None,
-                     timeout: float | None = None) -> tuple[int, int]:
-    """Create the default process group in a worker and return ``(rank, world_size)``.
-
-    ``backend=None`` picks NCCL when CUDA is available (and pins the worker to GPU
-    ``LOCAL_RANK``), else gloo. ``timeout``: seconds the rendezvous and the group's collectives
-    wait for a peer (None: torch's default, 30 min on CPU). Outside any launcher this makes a
-    one-process group, so the same training code also runs as a plain script. Idempotent.
-    """
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    wait = None if timeout is None else timedelta(seconds=timeout)
-    if under_launcher():
-        # env:// rendezvous set up by the launcher
-        dist.init_process_group(backend=backend, timeout=wait)
-    else:
-        # An in-memory store: no port to pick and nothing shared with other runs.
-        with _default_env(**gloo_loopback()):
-            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
-                                    world_size=1, timeout=wait)
-    return dist.get_rank(), dist.get_world_size()
-
-
-def shutdown_distributed() -> None:
-    """Destroy the default process group if one exists (NCCL warns when it is left alive)."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def __getattr__(name: str) -> Any:  # process-group set-up lived here (subnetdp/_moved.py)
+    return moved_name(__name__, name)

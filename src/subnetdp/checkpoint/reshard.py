@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from subnetdp.train.ckpt_io import CheckpointError, ShardReader, split_piece
+from subnetdp.checkpoint.files import CheckpointError, ShardReader, split_piece
 
 __all__ = ["PieceReader", "reseed"]
 

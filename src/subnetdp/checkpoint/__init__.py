@@ -1,0 +1,3 @@
+"""Checkpoints: the file layout (``files``), one rank's exact save and restore
+(``checkpointer``), resharding into another world (``reshard``) and run-folder ownership
+(``rundir``)."""

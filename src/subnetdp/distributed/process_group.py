@@ -1,0 +1,80 @@
+"""The process group inside a worker: ``init_distributed()`` creates the default group (gloo on
+CPU, NCCL on CUDA) and returns ``(rank, world_size)``, under a launcher or as a one-process
+group in a plain script; ``shutdown_distributed()`` destroys it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["LAUNCHER_VARS", "default_env", "gloo_loopback", "init_distributed",
+           "shutdown_distributed", "under_launcher"]
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def under_launcher() -> bool:
+    """True when a launcher (torchrun, ``launch``) already started this process as a worker."""
+    return all(v in os.environ for v in LAUNCHER_VARS)
+
+
+def gloo_loopback() -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` for the loopback interface: local workers talk over it. Else gloo
+    binds to what the host name resolves to, which fails or stalls where /etc/hosts or DNS
+    does not know the host."""
+    names = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]
+    return {"GLOO_SOCKET_IFNAME": names[0]} if names else {}
+
+
+@contextlib.contextmanager
+def default_env(**defaults: str) -> Iterator[None]:
+    """Set env vars that are unset, for the children to inherit, and undo it afterwards."""
+    added = [k for k in defaults if k not in os.environ]
+    for k in added:
+        os.environ[k] = defaults[k]
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def init_distributed(backend: str | None = None,
+                     timeout: float | None = None) -> tuple[int, int]:
+    """Create the default process group in a worker and return ``(rank, world_size)``.
+
+    ``backend=None`` picks NCCL when CUDA is available (and pins the worker to GPU
+    ``LOCAL_RANK``), else gloo. ``timeout``: seconds the rendezvous and the group's collectives
+    wait for a peer (None: torch's default, 30 min on CPU). Outside any launcher this makes a
+    one-process group, so the same training code also runs as a plain script. Idempotent.
+    """
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    wait = None if timeout is None else timedelta(seconds=timeout)
+    if under_launcher():
+        # env:// rendezvous set up by the launcher
+        dist.init_process_group(backend=backend, timeout=wait)
+    else:
+        # An in-memory store: no port to pick and nothing shared with other runs.
+        with default_env(**gloo_loopback()):
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
+                                    world_size=1, timeout=wait)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown_distributed() -> None:
+    """Destroy the default process group if one exists (NCCL warns when it is left alive)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,33 @@
+"""Validation loss (and accuracy) of a checkpoint or an exported model: the plain model class
+built from the recipe, loaded strictly with the full state, on the run's own validation batches
+(the same evaluation as the end of ``subnetdp train``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["evaluate_path"]
+
+
+def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
+                  device: str | None = None) -> dict[str, float]:
+    from subnetdp.checkpoint.export import load_model_state
+    from subnetdp.models import get_recipe
+    from subnetdp.train.config import TrainConfig, config_keys
+    from subnetdp.train.device import device_name, run_device
+    from subnetdp.train.tasks import make_task
+
+    state, info = load_model_state(path, config_keys=config_keys())
+    cfg = TrainConfig.from_dict(info["config"])
+    if eval_batches is not None:
+        if eval_batches < 1:
+            raise ValueError(f"--eval-batches must be >= 1, got {eval_batches}")
+        cfg.eval_batches = eval_batches
+    if device is not None:
+        cfg.device = device
+    device_name(cfg.device)  # the run's own cuda, evaluated where there is none: one line
+    dev = run_device(cfg)
+    model = get_recipe(info["recipe"]).build_model(**info["model_overrides"])
+    model.load_state_dict(state)
+    result = make_task(cfg).evaluate(model.to(dev), dev)
+    return {"step": float(info["step"]), **result}
