@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from subnetdp.cli import main
+from subnetdp.distributed.launch import free_port
 from subnetdp.metrics.sinks import rank_jsonl_path, read_jsonl, val_jsonl_path
 from subnetdp.metrics.tracking import GLOBAL_AVG_LOSS
-from subnetdp.distributed.launch import free_port
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 STEPS = 4

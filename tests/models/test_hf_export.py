@@ -15,8 +15,8 @@ import pytest
 import torch
 import transformers
 
-from subnetdp.cli import main
 from subnetdp.checkpoint.export import load_model_state
+from subnetdp.cli import main
 from subnetdp.models import get_recipe
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
