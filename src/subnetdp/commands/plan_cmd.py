@@ -22,8 +22,10 @@ device: no memory); ``--units`` and ``--plan-file`` alone need only ``subnetdp.p
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from subnetdp.commands.options import (
@@ -40,8 +42,9 @@ from subnetdp.commands.options import (
     old_name,
     searched_strategy_list,
 )
-from subnetdp.plan import Plan, PlanError, diagnostics, make_plan, units_for_coverage, worker_bytes
-from subnetdp.plan.files import read_plan_file
+from subnetdp.plan import Plan, PlanError, make_plan
+from subnetdp.plan.files import check_shape, read_plan_file
+from subnetdp.plan.report import plan_report
 from subnetdp.plan.schedule import ADJACENT, PREFETCH, ScheduleError, plan_schedules
 from subnetdp.plan.schedule import check as check_schedule
 from subnetdp.plan.schedule import summary as schedule_summary
@@ -115,13 +118,16 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _model_costs(args: argparse.Namespace) -> Any:
-    """The recipe's measured unit costs (``subnet.costs``) at --batch-size/--seq-len."""
-    from subnetdp.models import get_recipe
-    from subnetdp.subnet.costs import recipe_costs
+def _recipe_costs(args: argparse.Namespace) -> Callable[[], Any]:
+    """The recipe's measured unit costs (``subnet.costs``) at --batch-size/--seq-len,
+    measured once, when first asked for (a balanced plan, the report's per-rank costs)."""
+    @functools.cache
+    def costs() -> Any:
+        from subnetdp.models import get_recipe
+        from subnetdp.subnet.costs import recipe_costs
 
-    recipe = get_recipe(args.recipe)
-    return recipe_costs(recipe, batch=args.batch_size, seq=args.seq_len)
+        return recipe_costs(get_recipe(args.recipe), batch=args.batch_size, seq=args.seq_len)
+    return costs
 
 
 def _plan_spec(args: argparse.Namespace, capacities: list[float] | None) -> PlanSpec:
@@ -132,55 +138,34 @@ def _plan_spec(args: argparse.Namespace, capacities: list[float] | None) -> Plan
                     neuron_kinds=args.neuron_kinds, rotate=args.rotate, seed=args.seed)
 
 
-def _recipe_plan(args: argparse.Namespace, strategy: Strategy, spec: PlanSpec) -> Plan:
-    """The recipe's plan, by the one builder (``subnet.planning.build_plan``; torch, on the
-    meta device: nothing allocated)."""
-    import torch
-
+def _recipe_plan(args: argparse.Namespace, strategy: Strategy, spec: PlanSpec,
+                 costs: Callable[[], Any]) -> Plan:
+    """The recipe's plan, by the one builder (``subnet.planning``; torch, on the meta
+    device)."""
     from subnetdp.models import get_recipe
-    from subnetdp.subnet.planning import build_plan
+    from subnetdp.subnet.planning import recipe_plan
 
-    recipe = get_recipe(args.recipe)
-    with torch.device("meta"):
-        model = recipe.build_model()
-    return build_plan(model, recipe.adapter, strategy, spec, world=args.world,
-                      costs=lambda balance: _costs(args).weights(balance))
-
-
-def _costs(args: argparse.Namespace) -> Any:
-    if getattr(args, "costs", None) is None:
-        args.costs = _model_costs(args)  # kept for the report's per-rank cost table
-    return args.costs
+    return recipe_plan(get_recipe(args.recipe), strategy, spec, world=args.world,
+                       costs=lambda balance: costs().weights(balance))
 
 
 def _plan_from_file(args: argparse.Namespace) -> Plan:
-    """--plan-file (``plan.files.read_plan_file``, the reader ``train`` uses): a bare matrix
-    over --units/--recipe's units (default unit{i} of size 1), or a saved plan."""
+    """--plan-file: a bare matrix over --units/--recipe's units (default unit{i} of size 1),
+    or a saved plan; torch only with --recipe (``subnet.planning.file_plan``)."""
     if args.coverage is not None or args.scheme is not None:
         raise PlanError("--coverage and --scheme do not apply with --plan-file; drop them")
-    units, shared = None, args.shared_size
-    if args.recipe is not None:  # its units are the matrix's columns (torch: the model)
-        import torch
+    if args.recipe is None:
+        plan = read_plan_file(args.plan_file, units=None, shared_size=args.shared_size)
+        return check_shape(plan, units=args.units, world=args.world)
+    from subnetdp.models import get_recipe
+    from subnetdp.subnet.planning import file_plan
 
-        from subnetdp.models import get_recipe
-        from subnetdp.subnet.units import describe_units
-
-        recipe = get_recipe(args.recipe)
-        with torch.device("meta"):
-            units, shared = describe_units(recipe.build_model(), recipe.adapter)
-    plan = read_plan_file(args.plan_file, units=units, shared_size=shared)
-    if args.units is not None and args.units != plan.num_units:
-        raise PlanError(f"--units {args.units} but the explicit matrix has {plan.num_units} "
-                        "columns")
-    if args.world is not None and args.world != plan.world:
-        raise PlanError(
-            f"--world {args.world} but the explicit matrix has {plan.world} rows (one per "
-            "worker); drop --world or fix the matrix"
-        )
-    return plan
+    return file_plan(args.plan_file, get_recipe(args.recipe), units=args.units,
+                     world=args.world)
 
 
-def plan_from_args(args: argparse.Namespace, strategy: Strategy) -> tuple[Plan, str | None]:
+def plan_from_args(args: argparse.Namespace, strategy: Strategy,
+                   costs: Callable[[], Any]) -> tuple[Plan, str | None]:
     """The plan the arguments describe, and the recipe name if one was used."""
     if strategy.neuron_level:
         if args.recipe is None or args.world is None or args.coverage is None:
@@ -190,7 +175,7 @@ def plan_from_args(args: argparse.Namespace, strategy: Strategy) -> tuple[Plan, 
             raise PlanError(f"--plan-file does not combine with --strategy {strategy.name} "
                             "(its units are the recipe's neuron groups); give the saved plan "
                             "to `train --plan-file` instead")
-        return _recipe_plan(args, strategy, _plan_spec(args, None)), args.recipe
+        return _recipe_plan(args, strategy, _plan_spec(args, None), costs), args.recipe
     if args.plan_file is not None:
         return _plan_from_file(args), args.recipe
     if args.units is None and args.recipe is None:
@@ -205,7 +190,7 @@ def plan_from_args(args: argparse.Namespace, strategy: Strategy) -> tuple[Plan, 
         raise PlanError("give --coverage C in (0, 1], the fraction of units each worker holds")
     spec = _plan_spec(args, capacities)
     if args.recipe is not None:
-        return _recipe_plan(args, strategy, spec), args.recipe
+        return _recipe_plan(args, strategy, spec, costs), args.recipe
     # --units: equal units of size 1, pure maths (no model, no torch)
     return make_plan(world=args.world, units=args.units, coverage=spec.plan_coverage,
                      scheme="balanced" if spec.balanced else spec.scheme, seed=spec.seed,
@@ -224,56 +209,6 @@ def _capacities(text: str | None, world: int) -> list[float] | None:
         raise PlanError(f"--capacities has {len(caps)} values for --world {world}; give one "
                         "per worker")
     return caps
-
-
-def report(
-    plan: Plan, model: str | None, *, param_bytes: int, optimizer_states: int,
-    masking: str = "forward", costs: Any = None, balance: str | None = None,
-) -> dict:
-    """Everything ``subnetdp plan`` prints, JSON-ready; with ``costs`` (``subnet.costs``
-    ``ModelCosts``), the measured unit costs and each rank's share of the full model's."""
-    out = diagnostics(plan)
-    if costs is not None:
-        out["unit_costs"] = costs.to_dict()
-        out["per_rank_cost"] = _per_rank_cost(plan, costs, balance)
-        out["balance"] = balance
-    if plan.coverage is not None:
-        # Neuron-level units are named "pair[g]" and k applies per layer pair.
-        first = plan.units[0].name.partition("[")[0]
-        per_layer = [u for u in plan.units if u.name.partition("[")[0] == first]
-        n = len(per_layer) if plan.units[0].name.endswith("]") else plan.num_units
-        out["k"] = n if plan.coverage >= 1 else units_for_coverage(plan.coverage, n)
-        out["units_per_layer"] = n
-    out["model"] = model
-    out["shared_size"] = plan.shared_size
-    out["unit_names"] = [u.name for u in plan.units]
-    out["unit_sizes"] = plan.unit_sizes
-    out["bytes_per_worker"] = [
-        worker_bytes(
-            plan, i, param_bytes=param_bytes, optimizer_states=optimizer_states, masking=masking
-        ).to_dict()
-        for i in range(plan.world)
-    ]
-    return out
-
-
-# the per-rank cost table's columns (plus any other resource the plan balanced)
-COST_COLUMNS = ("params", "flops", "memory", "time")
-
-
-def _per_rank_cost(plan: Plan, costs: Any, balance: str | None) -> list[dict[str, float]]:
-    """Per rank: parameters, FLOPs (forward + backward), the cost model's memory (state +
-    activations), step time (``subnet.costs``) and what ``balance`` names, each as a fraction
-    of the full model's."""
-    from subnetdp.plan.objectives import parse_balance
-
-    kinds = list(COST_COLUMNS)
-    kinds += [k for k in (parse_balance(balance) if balance else ()) if k not in kinds]
-    full = {k: costs.cost(costs.shared, k) + sum(costs.cost(u, k) for u in costs.units)
-            for k in kinds}
-    return [{k: (costs.cost(costs.shared, k) + sum(costs.cost(costs.units[u], k)
-                                                   for u in plan.held_units(i)))
-             / (full[k] or 1.0) for k in kinds} for i in range(plan.world)]
 
 
 def _bar(x: float, width: int = 20) -> str:
@@ -404,11 +339,8 @@ def _per_rank_budgets(args: argparse.Namespace, base: Any, budgets: list[float])
                         min_holders=args.min_holders, seed=args.seed)
     bp = plan_for_budgets(spec, budgets, estimate=Estimates(estimate_memory, _progress))
     if args.save:
-        from subnetdp.estimate.spec import make_bench_plan, meta_model
-
-        recipe, meta = meta_model(bp.spec)
         with open(args.save, "w") as f:
-            f.write(make_bench_plan(bp.spec, meta, recipe).to_json() + "\n")
+            f.write(bp.plan().to_json() + "\n")
     if args.json:
         print(json.dumps({"memory_gb": budgets, "capacities": list(bp.spec.capacities or ()),
                           "estimate": bp.estimate.to_dict(), "rounds": bp.rounds}))
@@ -422,8 +354,9 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_gb is not None:
         return _budget(args)
     strategy = get_strategy(args.strategy)
+    recipe_costs = _recipe_costs(args)
     try:
-        plan, recipe = plan_from_args(args, strategy)
+        plan, recipe = plan_from_args(args, strategy, recipe_costs)
         if args.save:
             with open(args.save, "w") as f:
                 f.write(plan.to_json() + "\n")
@@ -434,8 +367,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     costs = None
     if recipe is not None and not strategy.neuron_level:
-        costs = _costs(args)
-    rep = report(plan, recipe, param_bytes=MASTER_BYTES[args.dtype],
+        costs = recipe_costs()
+    rep = plan_report(plan, recipe, param_bytes=MASTER_BYTES[args.dtype],
                  optimizer_states=args.optimizer_states,
                  masking=strategy.cost_masking, costs=costs,
                  balance=args.balance if plan.scheme == "balanced" else None)

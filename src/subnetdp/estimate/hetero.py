@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from subnetdp.estimate.memory import MemoryEstimate, estimate_memory
-from subnetdp.estimate.spec import BenchSpec
+from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.models import get_recipe
+from subnetdp.plan import Plan
 
 GB = 1e9
 ROUNDS = 4  # estimator checks; each lowers the capacities of the ranks that did not fit
@@ -42,6 +43,11 @@ class BudgetPlan:
     budgets: tuple[float, ...]  # bytes per rank
     estimate: MemoryEstimate  # every rank, from the estimator
     rounds: int  # estimator checks it took
+
+    def plan(self) -> Plan:
+        """The plan that fits (``spec``'s, the one builder's), as ``plan --out`` saves it."""
+        recipe, model = meta_model(self.spec)
+        return make_bench_plan(self.spec, model, recipe)
 
 
 Estimate = Callable[[BenchSpec], MemoryEstimate]

@@ -19,7 +19,7 @@ from typing import Any
 
 from subnetdp.plan.plan import Plan, PlanError, Unit, explicit_plan
 
-__all__ = ["read_plan_file"]
+__all__ = ["check_shape", "read_plan_file"]
 
 
 def read_plan_file(path: str, *, units: Sequence[Unit] | None = None, shared_size: int = 0,
@@ -42,6 +42,21 @@ def read_plan_file(path: str, *, units: Sequence[Unit] | None = None, shared_siz
         plan = explicit_plan(data, units, shared_size=shared_size)
     if world is not None and world != plan.world:
         plan.validate(world)  # raises: the message says how to rebuild it for ``world``
+    return plan
+
+
+def check_shape(plan: Plan, *, units: int | None = None, world: int | None = None) -> Plan:
+    """``plan`` (read from a file), refused if the ``--units``/``--world`` given with it
+    disagree with its columns or rows (``subnetdp plan``: no rebuilding, unlike ``world`` of
+    ``read_plan_file``)."""
+    if units is not None and units != plan.num_units:
+        raise PlanError(f"--units {units} but the explicit matrix has {plan.num_units} "
+                        "columns")
+    if world is not None and world != plan.world:
+        raise PlanError(
+            f"--world {world} but the explicit matrix has {plan.world} rows (one per "
+            "worker); drop --world or fix the matrix"
+        )
     return plan
 
 

@@ -7,11 +7,13 @@ model's units: block units, or the neuron groups of every layer pair (n-sdp, nb-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
+import torch
 from torch import nn
 
 from subnetdp.plan import Plan, make_plan
-from subnetdp.plan.files import read_plan_file
+from subnetdp.plan.files import check_shape, read_plan_file
 from subnetdp.strategy import PlanSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.neurons import make_neuron_plan
@@ -66,3 +68,24 @@ def plan_for(
                     capacities=None if capacities is None else tuple(capacities))
     return build_plan(model, adapter, strategy, spec, world=world,
                       costs=None if costs is None else lambda _balance: costs)
+
+
+def recipe_plan(
+    recipe: Any, strategy: Strategy, spec: PlanSpec, *, world: int, costs: CostsFn | None = None,
+) -> Plan:
+    """``build_plan`` over a recipe's model (``models.registry.Recipe``), built on the meta
+    device: nothing allocated."""
+    with torch.device("meta"):
+        model = recipe.build_model()
+    return build_plan(model, recipe.adapter, strategy, spec, world=world, costs=costs)
+
+
+def file_plan(path: str, recipe: Any, *, units: int | None = None,
+              world: int | None = None) -> Plan:
+    """A plan file (``plan.files.read_plan_file``): a bare matrix over ``recipe``'s units (its
+    model built on the meta device), or a saved plan; refused if ``units`` or ``world``
+    disagree with it (``plan.files.check_shape``)."""
+    with torch.device("meta"):
+        unit_list, shared = describe_units(recipe.build_model(), recipe.adapter)
+    return check_shape(read_plan_file(path, units=unit_list, shared_size=shared),
+                       units=units, world=world)
