@@ -115,7 +115,6 @@ def skipped(command: str) -> str | None:
 def sized(command: str, steps: int, workspace: Path, port: int) -> str:
     """SIZES: the only changes made to a command, all of sizes and placeholders."""
     c = re.sub(r"--steps([ =])\d+", rf"--steps\g<1>{steps}", command)
-    c = re.sub(r"--nproc([ =])\d+", r"--nproc\g<1>2", c)  # 2 cores
     c = re.sub(r"--nproc-per-node([ =])\d+", r"--nproc-per-node\g<1>2", c)
     c = re.sub(r"--nnodes([ =])\S+", r"--nnodes\g<1>1", c)  # multi-node: one node, local endpoint
     c = re.sub(r"\bHOST:\d+", f"127.0.0.1:{port}", c)
@@ -125,8 +124,8 @@ def sized(command: str, steps: int, workspace: Path, port: int) -> str:
         c = re.sub(_PAPER_SCALE, "llama-tiny", c)
         c = re.sub(r"--seq-len([ =])(\d+)",
                    lambda m: f"--seq-len{m[1]}{min(int(m[2]), 128)}", c)
-        if re.search(r"\b(?:train|demo|bench (?:step|all))\b", c):  # these start --world workers
-            c = re.sub(r"--world([ =])\d+", r"--world\g<1>2", c)
+        if re.search(r"\b(?:train|demo|bench (?:step|all))\b", c):  # these start workers: 2 cores
+            c = re.sub(r"--(nproc|world)([ =])\d+", r"--\g<1>\g<2>2", c)
     if re.match(r"^(\S*/)?(python3? -m )?pytest\b", c):  # the suite: check the selection exists
         c = f"(cd {shlex.quote(str(REPO))} && {c} --collect-only -q)"
     return c
