@@ -346,7 +346,7 @@ def _node_local_manifests_on_rank_1(elsewhere: Path) -> None:
 
     real = checkpoint.read_manifest
     if os.environ["RANK"] == "1":
-        checkpoint.read_manifest = lambda ckpt: real(elsewhere / ckpt.name)  # type: ignore[assignment]
+        checkpoint.read_manifest = lambda ckpt, **kw: real(elsewhere / ckpt.name, **kw)  # type: ignore[assignment]
 
 
 def test_ranks_that_do_not_share_the_run_folder(
