@@ -44,7 +44,7 @@ def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
         return None
     check_world(cfg, world)
     from subnetdp.estimate.hetero import BudgetError, format_budget_plan, plan_for_budgets
-    from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
+    from subnetdp.estimate.spec import BenchSpec
 
     assert cfg.batch_size is not None
     spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy_value.name, world=world,
@@ -56,10 +56,9 @@ def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
         bp = plan_for_budgets(spec, cfg.memory_gb)
     except BudgetError as e:
         raise ValueError(str(e)) from None
-    recipe, meta = meta_model(bp.spec)
     if cfg.progress:
         print(format_budget_plan(bp))
-    return make_bench_plan(bp.spec, meta, recipe)
+    return bp.plan()
 
 
 def bench_composition(cfg: TrainConfig) -> dict[str, Any]:
