@@ -204,6 +204,8 @@ def test_the_pre_launch_check_sees_the_budget_plan(
             self.spec = spec.replace(world=2, scheme="balanced", balance="params",
                                      coverage=1.0, capacities=(1.0, 0.5))
 
+        plan = hetero.BudgetPlan.plan  # the real answer's plan of its spec
+
     checked, launched = [], []
     real_match = match.match_plan
 
