@@ -115,7 +115,7 @@ def test_assemble_sliced_pieces(tmp_path: Path) -> None:
     assert split_piece("a.b@0:3:5") == ("a.b", (0, 3, 5)) and split_piece("x") == ("x", None)
     del shards["rank00001.safetensors"]
     ckpt = _checkpoint(tmp_path, 2, shards, model_state=state)
-    with pytest.raises(CheckpointError, match="cover 8 of 24 values"):
+    with pytest.raises(CheckpointError, match="covers positions 2:6 of dim 1"):
         assemble_full_state(ckpt, read_manifest(ckpt))
 
 
@@ -184,7 +184,8 @@ def test_exact_round_trip_in_one_process(tmp_path: Path) -> None:
     try:
         cfg = TrainConfig(steps=6, ckpt_every=3, strategy="ddp")
         plan = make_plan(world=1, units=[Unit("u", 1)], coverage=1.0)
-        info = {"recipe": "toy", "model_overrides": {}, "model_state": []}
+        state = [[k, list(v.shape), str(v.dtype)] for k, v in _Net().state_dict().items()]
+        info = {"recipe": "toy", "model_overrides": {}, "model_state": state}
 
         def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, object, Checkpointer]:
             torch.manual_seed(seed)

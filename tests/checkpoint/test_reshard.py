@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from subnetdp.checkpoint.files import list_checkpoints, read_manifest, split_piece
-from subnetdp.checkpoint.reshard import PieceReader, model_shapes
+from subnetdp.checkpoint.reshard import PieceReader
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from tests.workers import patch_workers
@@ -34,12 +34,11 @@ TINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32", "--eva
 def _assembled(ckpt: Path) -> dict[str, torch.Tensor]:
     """Every full tensor of a checkpoint, model and optimizer state alike (``prefix/key``)."""
     manifest = read_manifest(ckpt)
-    files, shapes = sorted(manifest["files"]), model_shapes(manifest)
     out: dict[str, torch.Tensor] = {}
     prefixes = ["model/", *(f"optim/{k}/" for k in manifest["optimizer"]["like_states"]),
                 *(f"optim_scalar/{k}/" for k in manifest["optimizer"]["scalar_states"])]
     for prefix in prefixes:
-        reader = PieceReader(ckpt, files, prefix, shapes)
+        reader = PieceReader(ckpt, manifest, prefix)
         for key in sorted({split_piece(p)[0] for p in reader}):
             out[prefix + key] = reader[key].clone()
     return out

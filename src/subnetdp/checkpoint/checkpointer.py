@@ -62,7 +62,7 @@ from subnetdp.checkpoint.files import (
     write_manifest,
     write_shard,
 )
-from subnetdp.checkpoint.reshard import PieceReader, model_shapes, reseed
+from subnetdp.checkpoint.reshard import PieceReader, reseed
 from subnetdp.plan import Plan
 from subnetdp.runtime.rank import RankModel
 from subnetdp.runtime.zero import zero_of
@@ -212,13 +212,10 @@ class Checkpointer:
         check_compatible(manifest, ckpt, world=self.world, strategy=self.cfg.strategy,
                          plan=self.plan, model_state=self.info["model_state"], reshard=reshard)
         _verify_together(ckpt, manifest, self.rank, self.world)
-        files = sorted(manifest["files"])
-        shapes = model_shapes(manifest)
         try:
-            self.shards.load_shard_state(PieceReader(ckpt, files, "model/", shapes))
+            self.shards.load_shard_state(PieceReader(ckpt, manifest, "model/"))
             plain: dict[Any, dict[str, Any]] = {} if self.zero else self.opt.state
-            _load_optimizer(plain, self.opt_params, self.local, self.shards, ckpt, files,
-                            manifest["optimizer"], shapes)
+            _load_optimizer(plain, self.opt_params, self.local, self.shards, ckpt, manifest)
             if self.zero:
                 self.zero.load_plain_state(plain)
         except KeyError as e:
@@ -321,13 +318,14 @@ def _optimizer_pieces(
 
 
 def _load_optimizer(state: Any, params: list[OptParam],
-                    local: Mapping[str, torch.Tensor], shards: Any, ckpt: Path, files: list[str],
-                    info: dict[str, Any], shapes: dict[str, list[int]]) -> None:
+                    local: Mapping[str, torch.Tensor], shards: Any, ckpt: Path,
+                    manifest: dict[str, Any]) -> None:
     """Recreate the optimizer's per-parameter state (a fresh optimizer has none yet) in
     ``state`` (``opt.state``, a defaultdict; or a dict a ZeRO optimizer then loads)."""
+    info, files = manifest["optimizer"], sorted(manifest["files"])
     for k in info["like_states"]:
         into = {key: torch.empty_like(local[key]) for _, key, _ in params}
-        shards.load_shard_state(PieceReader(ckpt, files, f"optim/{k}/", shapes), into=into)
+        shards.load_shard_state(PieceReader(ckpt, manifest, f"optim/{k}/"), into=into)
         for p, key, where in params:
             state.setdefault(p, {})[k] = shards.from_plain(
                 p, _region(into[key], where, p).clone())

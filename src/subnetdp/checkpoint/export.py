@@ -57,6 +57,7 @@ def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str
         "model_overrides": json.dumps(manifest["model_overrides"]),
         "config": json.dumps(manifest["config"]),
         "step": str(manifest["step"]),
+        "data": json.dumps(manifest.get("data", {})),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -74,8 +75,9 @@ def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str
 
 def load_model_state(path: str | Path, *, config_keys: Collection[str] | None = None
                      ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The full state and ``{"recipe", "model_overrides", "config", "step"}`` of a checkpoint
-    (verified against its checksums) or of an export file. ``config_keys``: as in
+    """The full state and ``{"recipe", "model_overrides", "config", "step", "data"}`` (and
+    ``"checkpoint"``, the folder, for a checkpoint) of a checkpoint (verified against its
+    checksums) or of an export file. ``config_keys``: as in
     ``read_manifest``."""
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -93,10 +95,12 @@ def load_model_state(path: str | Path, *, config_keys: Collection[str] | None = 
             raise ValueError(f"{p} was not written by `subnetdp export` (no recipe/config in "
                              "its metadata); evaluate the run's checkpoint instead")
         info = {"recipe": meta["recipe"], "model_overrides": json.loads(meta["model_overrides"]),
-                "config": json.loads(meta["config"]), "step": int(meta["step"])}
+                "config": json.loads(meta["config"]), "step": int(meta["step"]),
+                "data": json.loads(meta.get("data", "{}"))}
         return state, info
     ckpt = resolve_checkpoint(p)
     manifest = read_manifest(ckpt, config_keys=config_keys)
     verify_files(ckpt, manifest)
     info = {k: manifest[k] for k in ("recipe", "model_overrides", "config", "step")}
+    info["data"], info["checkpoint"] = manifest.get("data", {}), str(ckpt)
     return assemble_full_state(ckpt, manifest), info

@@ -45,6 +45,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from subnetdp.checkpoint.coverage import MANIFEST_DTYPES, PieceInfo, coverage_problem
 from subnetdp.filemode import share
 
 FORMAT = "subnetdp-checkpoint"
@@ -254,6 +255,9 @@ _SCHEMA: dict[str, type | tuple[type, ...]] = {
     "time": (int, float), "plan": dict, "recipe": str, "model_overrides": dict,
     "model_state": list, "config": dict, "optimizer": dict, "files": dict,
 }
+# Entries a manifest may lack (written before they existed): the run's data ([Note: data
+# identity] in data/tokens.py).
+_OPTIONAL: dict[str, type] = {"data": dict}
 _OPTIMIZER_SCHEMA: dict[str, type] = {"class": str, "like_states": list, "scalar_states": list,
                                       "param_groups": list, "scheduler": dict}
 
@@ -272,7 +276,8 @@ def _check_schema(manifest: dict[str, Any], path: Path, config_keys: Collection[
                 raise bad(f"{where}{key!r} is a {type(d[key]).__name__}")
 
     typed(manifest, _SCHEMA, "")
-    extra = sorted(set(manifest) - set(_SCHEMA))
+    typed(manifest, {k: v for k, v in _OPTIONAL.items() if k in manifest}, "")
+    extra = sorted(set(manifest) - set(_SCHEMA) - set(_OPTIONAL))
     if extra:
         raise bad(f"unknown entries {extra}")
     if manifest["step"] < 0 or manifest["world"] < 1:
@@ -281,6 +286,11 @@ def _check_schema(manifest: dict[str, Any], path: Path, config_keys: Collection[
     unknown = sorted(set(manifest["config"]) - set(config_keys)) if config_keys is not None else []
     if unknown:
         raise bad(f"unknown config keys {unknown[:5]}")
+    for entry in manifest["model_state"]:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], list) and entry[2] in MANIFEST_DTYPES
+                and all(type(n) is int and n >= 0 for n in entry[1])):
+            raise bad(f"model_state entry {json.dumps(entry)[:80]} is not [key, shape, dtype]")
     for name, entry in manifest["files"].items():
         if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
                 and isinstance(entry.get("sha256"), str) and _SHA256.match(entry["sha256"])):
@@ -332,8 +342,12 @@ class ShardReader(Mapping[str, torch.Tensor]):
     just the pieces it holds."""
 
     def __init__(self, ckpt: Path, names: list[str], prefix: str) -> None:
+        self._ckpt = ckpt
         self._files: dict[str, Any] = {}
         self._where: dict[str, tuple[str, str]] = {}
+        # a key in several files (a scalar optimizer state every owner of a slice stores): each
+        # copy must hold the same values, never the last file's silently
+        self._copies: dict[str, list[tuple[str, str]]] = {}
         for name in names:
             if not _SHARD.match(name):  # read_manifest refuses these first; never open one
                 raise CheckpointError(f"{name!r} is not a checkpoint rank file name; refused")
@@ -346,11 +360,29 @@ class ShardReader(Mapping[str, torch.Tensor]):
             self._files[name] = handle
             for full in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                 if full.startswith(prefix):
-                    self._where[full[len(prefix):]] = (name, full)
+                    key = full[len(prefix):]
+                    if key in self._where:
+                        self._copies.setdefault(key, [self._where[key]]).append((name, full))
+                    self._where[key] = (name, full)
 
     def __getitem__(self, key: str) -> torch.Tensor:
         name, full = self._where[key]
-        return self._files[name].get_tensor(full)
+        tensor = self._files[name].get_tensor(full)
+        for other, other_full in self._copies.get(key, []):
+            copy = self._files[other].get_tensor(other_full)
+            if copy.dtype != tensor.dtype or not torch.equal(copy, tensor):
+                raise CheckpointError(
+                    f"{self._ckpt}: {full!r} is in {other} and {name} with different values; "
+                    "the checkpoint is damaged or was edited, use an earlier one (nothing was "
+                    "loaded)")
+        return tensor
+
+    def info(self, key: str) -> PieceInfo:
+        """The piece's shape and dtype from its file's header (no data read)."""
+        name, full = self._where[key]
+        where = split_piece(key)[1]
+        view = self._files[name].get_slice(full)
+        return PieceInfo(key, name, where, tuple(view.get_shape()), view.get_dtype())
 
     def __contains__(self, key: object) -> bool:  # without reading the tensor
         return key in self._where
@@ -373,32 +405,48 @@ def split_piece(piece: str) -> tuple[str, tuple[int, int, int] | None]:
     return m["key"], (int(m["dim"]), int(m["start"]), int(m["stop"]))
 
 
-_DTYPES = {str(t): t for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
-                               torch.int64, torch.int32, torch.uint8, torch.bool)}
+def checked_pieces(ckpt: Path, manifest: dict[str, Any], pieces: ShardReader, key: str,
+                   found: list[str], dtype: str | None) -> None:
+    """Refuse, in one line naming the checkpoint, the entry and the piece, pieces ``found`` of
+    ``key`` that do not rebuild its manifest shape (and ``dtype``) exactly ([Note: piece
+    coverage]); nothing is allocated before this passes."""
+    shapes = model_shapes(manifest)
+    if key not in shapes:
+        raise CheckpointError(f"{ckpt}: the piece {found[0]!r} names no entry of the manifest's "
+                              "model_state; the checkpoint is damaged or was edited, use an "
+                              "earlier one (nothing was assembled)")
+    budget = sum(int(f["bytes"]) for f in manifest["files"].values())
+    problem = coverage_problem(key, shapes[key],
+                               None if dtype is None else MANIFEST_DTYPES[dtype],
+                               [pieces.info(p) for p in found], budget)
+    if problem is not None:
+        raise CheckpointError(f"{ckpt}: {problem}; the checkpoint is damaged or was edited, use "
+                              "an earlier one (nothing was assembled)")
+
+
+def model_shapes(manifest: dict[str, Any]) -> dict[str, list[int]]:
+    return {k: list(shape) for k, shape, _ in manifest["model_state"]}
 
 
 def assemble_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The full model's state dict (keys in the model's own order) from all ranks' pieces."""
+    """The full model's state dict (keys in the model's own order) from all ranks' pieces,
+    each entry's pieces checked before it is allocated ([Note: piece coverage])."""
     pieces = ShardReader(ckpt, list(manifest["files"]), "model/")
-    by_key: dict[str, list[tuple[str, tuple[int, int, int] | None]]] = {}
+    by_key: dict[str, list[str]] = {}
     for piece in pieces:
-        key, where = split_piece(piece)
-        by_key.setdefault(key, []).append((piece, where))
+        by_key.setdefault(split_piece(piece)[0], []).append(piece)
+    dtypes = {k: dtype for k, _, dtype in manifest["model_state"]}
+    for key, found in by_key.items():  # a piece of no entry too, before any is allocated
+        checked_pieces(ckpt, manifest, pieces, key, found, dtypes.get(key))
     out: dict[str, torch.Tensor] = {}
     for key, shape, dtype in manifest["model_state"]:
-        found = by_key.get(key)
-        if not found:
+        if key not in by_key:
             raise CheckpointError(f"the checkpoint {ckpt} has no piece of {key!r}; it is "
                                   "incomplete")
-        full = torch.empty(shape, dtype=_DTYPES.get(dtype, torch.float32))
-        covered = 0
-        for piece, where in found:
-            t = pieces[piece]
+        full = torch.empty(shape, dtype=MANIFEST_DTYPES[dtype])
+        for piece in by_key[key]:
+            where = split_piece(piece)[1]
             view = full if where is None else full.narrow(where[0], where[1], where[2] - where[1])
-            view.copy_(t)
-            covered += t.numel()
-        if covered != full.numel():
-            raise CheckpointError(f"the pieces of {key!r} in {ckpt} cover {covered} of "
-                                  f"{full.numel()} values; the checkpoint is incomplete")
+            view.copy_(pieces[piece])
         out[key] = full
     return out

@@ -27,25 +27,32 @@ from typing import Any
 
 import torch
 
-from subnetdp.checkpoint.files import CheckpointError, ShardReader, split_piece
+from subnetdp.checkpoint.files import ShardReader, checked_pieces, model_shapes, split_piece
 
-__all__ = ["PieceReader", "reseed"]
+__all__ = ["PieceReader", "model_shapes", "reseed"]
 
 
 class PieceReader(Mapping[str, torch.Tensor]):
     """Pieces under ``prefix`` of all of a checkpoint's rank files, for any plan's piece names.
 
-    ``shapes`` maps each full-model key to its full shape (the manifest's ``model_state``),
-    needed to assemble an entry that the checkpoint holds only in slices."""
+    The manifest's ``model_state`` gives each full-model key its full shape, needed to
+    assemble an entry that the checkpoint holds only in slices. Every entry's pieces are checked
+    against it first, from the files' headers ([Note: piece coverage]): the model's against
+    its dtype too, the optimizer's (whose dtype the manifest does not record) for agreeing."""
 
-    def __init__(self, ckpt: Path, files: list[str], prefix: str,
-                 shapes: Mapping[str, list[int]]) -> None:
-        self._saved = ShardReader(ckpt, files, prefix)
-        self._ckpt, self._prefix, self._shapes = ckpt, prefix, shapes
+    def __init__(self, ckpt: Path, manifest: dict[str, Any], prefix: str) -> None:
+        self._saved = ShardReader(ckpt, sorted(manifest["files"]), prefix)
+        self._ckpt, self._prefix = ckpt, prefix
+        self._shapes = model_shapes(manifest)
         self._by_key: dict[str, list[tuple[str, tuple[int, int, int] | None]]] = {}
         for piece in self._saved:
             key, where = split_piece(piece)
             self._by_key.setdefault(key, []).append((piece, where))
+        dtypes = {k: dtype for k, _, dtype in manifest["model_state"]} if prefix == "model/" \
+            else {}
+        for key, found in self._by_key.items():
+            checked_pieces(ckpt, manifest, self._saved, key, [p for p, _ in found],
+                           dtypes.get(key))
         self._cache: tuple[str, torch.Tensor] | None = None  # the last full entry assembled
 
     def __contains__(self, piece: object) -> bool:
@@ -68,20 +75,11 @@ class PieceReader(Mapping[str, torch.Tensor]):
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
         found = self._by_key[key]
-        first = self._saved[found[0][0]]
-        if key not in self._shapes:
-            raise CheckpointError(f"{self._ckpt}: no shape recorded for {key!r}")
-        full = torch.empty(self._shapes[key], dtype=first.dtype)
-        covered = 0
-        for piece, where in found:
-            t = self._saved[piece]
+        full = torch.empty(self._shapes[key], dtype=self._saved[found[0][0]].dtype)
+        for piece, where in found:  # they tile it exactly: checked in __init__
             view = full if where is None else full.narrow(where[0], where[1],
                                                           where[2] - where[1])
-            view.copy_(t)
-            covered += t.numel()
-        if covered != full.numel():
-            raise CheckpointError(f"the pieces of {self._prefix}{key} in {self._ckpt} cover "
-                                  f"{covered} of {full.numel()} values; it is incomplete")
+            view.copy_(self._saved[piece])
         self._cache = (key, full)
         return full
 
@@ -102,7 +100,3 @@ def reseed(seed: int, step: int, rank: int) -> None:
     torch.manual_seed(mixed)
     np.random.seed(mixed % (1 << 32))
     random.seed(mixed)
-
-
-def model_shapes(manifest: dict[str, Any]) -> dict[str, list[int]]:
-    return {k: list(shape) for k, shape, _ in manifest["model_state"]}

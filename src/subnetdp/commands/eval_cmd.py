@@ -27,6 +27,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--eval-batches", type=int, default=None,
                    help="validation batches (default: the run's own --eval-batches)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--accept-new-data", action="store_true",
+                   help="evaluate on the current corpus although it changed since the run "
+                        "recorded it (tokenised with the run's own tokenizer)")
     add_device_argument(p, default=None,
                         help="where to evaluate (default: the run's own --device, cpu with "
                              "--tasks)")
@@ -53,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
             from subnetdp.train.device import device_name
 
             device_name(args.device)  # --device cuda without CUDA: refused before any work
-        result = evaluate_path(args.path, eval_batches=args.eval_batches, device=args.device)
+        result = evaluate_path(args.path, eval_batches=args.eval_batches, device=args.device,
+                               accept_new_data=args.accept_new_data)
     except (ValueError, OSError, DatasetMissingError) as e:
         print(f"subnetdp eval: {e}", file=sys.stderr)
         return 2

@@ -119,6 +119,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
     k.add_argument("--reshard", action="store_true", default=None,
                    help="with --resume: load the checkpoint into a different --nproc, "
                         "--coverage or plan (values exact; data order changes: README)")
+    k.add_argument("--accept-new-data", action="store_true", default=None,
+                   help="with --resume: go on although the corpus changed since the run "
+                        "recorded it (tokenised with the run's own tokenizer)")
     k.add_argument("--min-nproc", type=int, default=None, metavar="N",
                    help="elastic shrink: after a worker is lost for good (restarts used up), "
                         "go on with one worker fewer, down to N, from the newest checkpoint "

@@ -7,10 +7,13 @@ and ``*.parquet`` (one document per row, field ``text``) are read instead.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,17 +38,44 @@ class CorpusFile:
     path: Path
 
 
-def read_text(path: Path) -> str:
-    """Decode a file that is meant to be UTF-8 but may not be.
+# [Note: undecodable bytes]
+# Files are read as UTF-8. A byte that is not UTF-8 becomes its Windows-1252 character, one
+# byte at a time (one BBC article has a bare 0xA3, which is how its '£' survives; the five
+# bytes Windows-1252 leaves undefined become U+FFFD), and each file with such bytes is named in
+# one warning line with their count. Decoding a whole document as Windows-1252 because of one
+# bad byte would garble every other non-ASCII character in it, silently.
+_ONE_BY_ONE = "subnetdp-cp1252-per-byte"
+_undecoded = [0]  # bytes the handler replaced in this process (read before and after a file)
 
-    One BBC article is Windows-1252 (a bare 0xA3 '£'): decoding it as cp1252 keeps the pound
-    sign, where utf-8 with errors="replace" would turn it into U+FFFD.
-    """
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.decode("cp1252", errors="replace")
+
+def _per_byte(e: UnicodeError) -> tuple[str, int]:
+    assert isinstance(e, UnicodeDecodeError)
+    bad = bytes(e.object[e.start : e.end])
+    _undecoded[0] += len(bad)
+    return bad.decode("cp1252", errors="replace"), e.end
+
+
+codecs.register_error(_ONE_BY_ONE, _per_byte)
+
+
+@contextlib.contextmanager
+def decoding(path: Path) -> Iterator[Callable[[bytes], str]]:
+    """A UTF-8 decoder for the bytes of ``path`` ([Note: undecodable bytes]); on leaving the
+    block, one warning line names the file if any of its bytes were not UTF-8."""
+    before = _undecoded[0]
+    yield lambda raw: raw.decode("utf-8", errors=_ONE_BY_ONE)
+    bad = _undecoded[0] - before
+    if bad:
+        print(f"warning: {path}: {bad} byte(s) are not UTF-8; each was read as its "
+              "Windows-1252 character (save the file as UTF-8 to silence this)",
+              file=sys.stderr, flush=True)
+
+
+def read_text(path: Path) -> str:
+    """A file meant to be UTF-8, decoded per byte where it is not ([Note: undecodable
+    bytes])."""
+    with decoding(path) as decode:
+        return decode(path.read_bytes())
 
 
 _PG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.I | re.M)
@@ -89,8 +119,9 @@ def corpus_files(data_dir: str | None = None) -> list[CorpusFile]:
 def _bible_books(path: Path) -> Iterator[Document]:
     # Verses arrive in canonical order; a book is the run of verses sharing its "book" field.
     books: dict[str, list[str]] = {}
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
+    with decoding(path) as decode, path.open("rb") as f:
+        for raw in f:
+            line = decode(raw)
             if line.strip():
                 verse = json.loads(line)
                 books.setdefault(verse["book"], []).append(verse["text"])
@@ -99,8 +130,9 @@ def _bible_books(path: Path) -> Iterator[Document]:
 
 
 def _jsonl_docs(cf: CorpusFile, field: str) -> Iterator[Document]:
-    with cf.path.open(encoding="utf-8", errors="replace") as f:
-        for i, line in enumerate(f):
+    with decoding(cf.path) as decode, cf.path.open("rb") as f:
+        for i, raw in enumerate(f):
+            line = decode(raw)
             if not line.strip():
                 continue
             try:

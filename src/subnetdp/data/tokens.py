@@ -6,6 +6,13 @@ meta.json}``. The fingerprint covers the corpus file list, sizes and modificatio
 options and the ``tokenizers`` version, so changing any of them (an edit in place that keeps a
 file's size, too) builds a new entry instead of reusing a stale one.
 
+[Note: data identity]
+``meta.json`` records the size and sha256 of the entry's three files and of every corpus file
+it was built from. Every read checks the three files against it, and an entry that no longer
+matches (a truncated ``train.bin``, a flipped byte) is rebuilt with a notice, never used.
+``TextData.identity`` carries these hashes to the run, which records them in each checkpoint's
+manifest; a resumed or evaluated run compares them with the data it finds (train/data.py).
+
 Concurrency: every worker of a job calls ``prepare_text`` at start-up. One takes an exclusive
 ``flock`` and builds; the rest block on the lock, then find ``meta.json`` and only read. Each file
 is written to a temporary name and renamed (atomic on POSIX), ``meta.json`` last, so a reader
@@ -14,12 +21,15 @@ never sees a half-written entry even if a builder is killed mid-way.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tokenizers
@@ -27,7 +37,7 @@ from tokenizers import Tokenizer
 
 from subnetdp.data.hf import TextSource, hf_documents
 from subnetdp.data.ids import check_token_range, dtype_named, token_dtype
-from subnetdp.data.text import Document, load_documents, name_hash, split_documents
+from subnetdp.data.text import CorpusFile, Document, load_documents, name_hash, split_documents
 from subnetdp.data.tokenizer import (
     cache_dir,
     eot_id,
@@ -36,7 +46,7 @@ from subnetdp.data.tokenizer import (
     train_bpe,
 )
 
-FORMAT_VERSION = 1  # bump when the on-disk layout or the build recipe changes
+FORMAT_VERSION = 2  # bump when the layout or the build recipe changes (2: file hashes)
 TokenizerKind = str  # "bpe" (trained on the corpus), "gpt2", or a tokenizer.json path
 
 
@@ -49,6 +59,8 @@ class TextData:
     n_train_docs: int
     n_val_docs: int
     eot_id: int
+    # sha256 and sizes of the tokenizer, token files and corpus files ([Note: data identity])
+    identity: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def tokenizer(self) -> Tokenizer:
         if not self.tokenizer_path:
@@ -112,6 +124,8 @@ def _build(out: Path, *, kind: TokenizerKind, vocab_size: int, data_dir: str | N
     _write_atomic(out / "train.bin", _encode(tok, train_docs, eot))
     _write_atomic(out / "val.bin", _encode(tok, val_docs, eot))
     meta = {
+        "files": {name: file_entry(out / name) for name in ENTRY_FILES},
+        "corpus": corpus_identity(source.corpus(data_dir)),
         "vocab_size": tok.get_vocab_size(),
         "dtype": np.dtype(token_dtype(tok.get_vocab_size())).name,
         "eot_id": eot,
@@ -122,9 +136,71 @@ def _build(out: Path, *, kind: TokenizerKind, vocab_size: int, data_dir: str | N
     _write_atomic(out / "meta.json", meta)  # last: its presence means the entry is complete
 
 
+ENTRY_FILES = ("tokenizer.json", "train.bin", "val.bin")
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_entry(path: Path) -> dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+
+
+def corpus_identity(files: list[CorpusFile]) -> dict[str, dict[str, Any]]:
+    """``{key: {bytes, sha256}}`` of the files a corpus is read from."""
+    return {f.key: file_entry(f.path) for f in files}
+
+
+def cached_tokenizer_sha(out: Path) -> str | None:
+    """The sha256 meta.json records for the entry's tokenizer (None: no complete entry)."""
+    try:
+        return str(json.loads((out / "meta.json").read_text())["files"]["tokenizer.json"]
+                   ["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def current_corpus(data_dir: str | None, source: TextSource) -> dict[str, dict[str, Any]]:
+    """The identity of the corpus these options read now (``TextData.identity["corpus"]``),
+    without tokenising anything."""
+    root = Path(data_dir).expanduser() if data_dir is not None else None
+    if root is not None and (root / "train.bin").exists():  # pre-tokenised, used as is
+        return {p.name: file_entry(p) for p in (root / "train.bin", root / "val.bin",
+                                               root / "meta.json") if p.exists()}
+    return corpus_identity(source.corpus(data_dir))
+
+
+def entry_problem(out: Path) -> str | None:
+    """Why the cache entry ``out`` cannot be used as it is ([Note: data identity]), or None."""
+    try:
+        meta = json.loads((out / "meta.json").read_text())
+        recorded = meta["files"]
+        for name in ENTRY_FILES:
+            path, want = out / name, recorded[name]
+            if not path.is_file():
+                return f"{name} is missing"
+            size = path.stat().st_size
+            if size != want["bytes"]:
+                return f"{name} is {size} bytes, meta.json says {want['bytes']}"
+            if sha256_of(path) != want["sha256"]:
+                return f"{name} does not match its sha256 in meta.json"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"meta.json cannot be read ({type(e).__name__}: {e})"
+    return None
+
+
 def _read(out: Path) -> TextData:
     meta = json.loads((out / "meta.json").read_text())
     dtype = dtype_named(meta.get("dtype", "uint16"), str(out / "meta.json"))
+    files = meta["files"]
+    identity = {"tokenizer": files["tokenizer.json"]["sha256"],
+                "train.bin": files["train.bin"], "val.bin": files["val.bin"],
+                "corpus": meta["corpus"]}
     return TextData(
         train=_memmap(out / "train.bin", dtype),
         val=_memmap(out / "val.bin", dtype),
@@ -133,6 +209,7 @@ def _read(out: Path) -> TextData:
         n_train_docs=int(meta["n_train_docs"]),
         n_val_docs=int(meta["n_val_docs"]),
         eot_id=int(meta["eot_id"]),
+        identity=identity,
     )
 
 
@@ -152,7 +229,9 @@ def _pretokenized(root: Path, vocab_size: int, val_fraction: float) -> TextData:
     for name, tokens in (("train.bin", train), ("val.bin", val)):
         if len(tokens):
             check_token_range(tokens, vocab, source=str(root / name))
-    return TextData(train, val, vocab, "", 0, 0, int(meta.get("eot_id", -1)))
+    given = [p for p in (root / "train.bin", root / "val.bin", meta_path) if p.exists()]
+    identity = {"tokenizer": None, "corpus": {p.name: file_entry(p) for p in given}}
+    return TextData(train, val, vocab, "", 0, 0, int(meta.get("eot_id", -1)), identity)
 
 
 def _file_identity(path: Path) -> tuple[int, int]:
@@ -204,11 +283,17 @@ def prepare_text(*, vocab_size: int = 4096, data_dir: str | None = None,
     out = text_cache_entry(vocab_size=vocab_size, data_dir=data_dir, cache=cache,
                            val_fraction=val_fraction, tokenizer=tokenizer, max_docs=max_docs,
                            source=source)
-    if not (out / "meta.json").exists():
+    if not (out / "meta.json").exists() or entry_problem(out) is not None:
         out.mkdir(parents=True, exist_ok=True)
         with open(out / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # blocks while another process builds
-            if not (out / "meta.json").exists():  # it may have finished while we waited
+            # it may have been built or repaired while we waited
+            problem = entry_problem(out) if (out / "meta.json").exists() else "new"
+            if problem is not None:
+                if problem != "new":
+                    print(f"notice: the token cache {out} is damaged ({problem}); rebuilding "
+                          "it", file=sys.stderr, flush=True)
+                    (out / "meta.json").unlink()  # the entry is incomplete until rebuilt
                 _build(out, kind=tokenizer, vocab_size=vocab_size, data_dir=data_dir,
                        val_fraction=val_fraction, max_docs=max_docs, source=source)
     return _read(out)

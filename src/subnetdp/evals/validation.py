@@ -10,10 +10,14 @@ __all__ = ["evaluate_path"]
 
 
 def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
-                  device: str | None = None) -> dict[str, float]:
+                  device: str | None = None, accept_new_data: bool = False
+                  ) -> dict[str, float]:
+    """``accept_new_data``: evaluate on the current corpus although it changed since the run
+    recorded it (train/data_identity.py)."""
     from subnetdp.checkpoint.export import load_model_state
     from subnetdp.models import get_recipe
     from subnetdp.train.config import TrainConfig, config_keys
+    from subnetdp.train.data_identity import Recorded, recorded_in
     from subnetdp.train.device import device_name, run_device
     from subnetdp.train.tasks import make_task
 
@@ -25,9 +29,12 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
         cfg.eval_batches = eval_batches
     if device is not None:
         cfg.device = device
+    cfg.accept_new_data = accept_new_data
+    recorded = (recorded_in(Path(info["checkpoint"]), info) if "checkpoint" in info
+                else Recorded(info["data"], None, str(path)))
     device_name(cfg.device)  # the run's own cuda, evaluated where there is none: one line
     dev = run_device(cfg)
     model = get_recipe(info["recipe"]).build_model(**info["model_overrides"])
     model.load_state_dict(state)
-    result = make_task(cfg).evaluate(model.to(dev), dev)
+    result = make_task(cfg, recorded).evaluate(model.to(dev), dev)
     return {"step": float(info["step"]), **result}

@@ -39,7 +39,7 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     from subnetdp.data.tokenizer import EOT
     from subnetdp.filemode import share
     from subnetdp.hf.llama import hf_config, to_hf_state
-    from subnetdp.hf.tokenizer import hf_tokenizer_files, run_tokenizer
+    from subnetdp.hf.tokenizer import check_run_tokenizer, hf_tokenizer_files, run_tokenizer
     from subnetdp.models import get_recipe
     from subnetdp.models.llama.model import Llama
 
@@ -57,9 +57,14 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
         raise ValueError(f"--format hf exports LLaMA recipes only; {manifest['recipe']} is not "
                          "one (export it with the default --format safetensors)")
     tokenizer = run_tokenizer(ckpt.parent.parent)
-    eot_id = Tokenizer.from_file(str(tokenizer)).token_to_id(EOT)
+    check_run_tokenizer(tokenizer, manifest.get("data", {}).get("tokenizer"), ckpt)
+    tok = Tokenizer.from_file(str(tokenizer))
+    eot_id = tok.token_to_id(EOT)
     if eot_id is None:
         raise ValueError(f"{tokenizer} has no {EOT} token; it is not the run's tokenizer")
+    if tok.get_vocab_size() > model.config.vocab_size:
+        raise ValueError(f"{tokenizer} has {tok.get_vocab_size()} tokens but the model of {ckpt} "
+                         f"{model.config.vocab_size}: it is not the run's tokenizer")
     verify_files(ckpt, manifest)
     state = to_hf_state(assemble_full_state(ckpt, manifest))
     extra = dict(zip(PROVENANCE, (manifest["recipe"], manifest["step"], str(ckpt)),

@@ -7,6 +7,7 @@ copy: the token ids its model learned stay decodable, and an export needs nothin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,11 +20,14 @@ RUN_TOKENIZER = "tokenizer.json"  # in the run folder, beside summary.json
 def save_run_tokenizer(task: Any, run_dir: Path) -> None:
     """Copy the tokenizer of an LM task (``task.data.tokenizer_path``) into ``run_dir``.
 
-    Nothing to copy for an image task or user pre-tokenised files; a resumed run keeps the copy
-    it has (same corpus and options, so the same tokenizer)."""
+    Nothing to copy for an image task or user pre-tokenised files. The copy is always
+    replaced: a new run in place of an old one (``--overwrite``) must not keep the old run's
+    tokenizer, and a resumed run uses the very tokenizer the run recorded
+    (train/data_identity.py), so replacing it changes nothing there."""
     source = getattr(getattr(task, "data", None), "tokenizer_path", "")
     target = run_dir / RUN_TOKENIZER
-    if not source or target.exists():
+    if not source:
+        target.unlink(missing_ok=True)  # no tokenizer: none of an earlier run's either
         return
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     shutil.copyfile(source, tmp)
@@ -37,6 +41,15 @@ def run_tokenizer(run_dir: Path) -> Path:
         raise ValueError(f"{run_dir} has no {RUN_TOKENIZER} (a run trained before runs kept "
                          "their tokenizer, or on pre-tokenised files); retrain it to export")
     return path
+
+
+def check_run_tokenizer(path: Path, recorded: str | None, ckpt: Path) -> None:
+    """Refuse a run folder's tokenizer that is not the one ``ckpt`` recorded (its sha256;
+    None: a checkpoint from before runs recorded it)."""
+    if recorded is not None and hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+        raise ValueError(f"{path} is not the tokenizer {ckpt} was trained with (sha256 "
+                         f"{recorded[:12]}); restore the run's tokenizer.json, or export a "
+                         "checkpoint of the run that wrote this one")
 
 
 def hf_tokenizer_files(tokenizer_json: Path, *, eot: str, max_length: int) -> dict[str, str]:

@@ -111,6 +111,9 @@ class TrainConfig:
     dataset: str | None = None
     data_files: list[str] = dataclasses.field(default_factory=list)
     text_field: str = "text"
+    # Issue 27: a resume that goes on although the corpus changed since the run recorded it
+    # (train/data_identity.py); never carried over to the next resume
+    accept_new_data: bool = False
     # 2: the shared precision words (strategy.DTYPES); configs without it are version 1, whose
     # dtype "bf16" meant bf16 compute with fp32 master state (now "bf16-mixed")
     config_version: int = 2

@@ -40,6 +40,9 @@ def check_replan_options(cfg: TrainConfig) -> None:
     """Refuse ``--reshard``/``--min-nproc`` settings that cannot work, before anything starts."""
     if cfg.reshard and not cfg.resume:
         raise ValueError("--reshard re-plans a resumed checkpoint; use it with --resume RUN")
+    if cfg.accept_new_data and not cfg.resume:
+        raise ValueError("--accept-new-data accepts a changed corpus for a resumed run; use it "
+                         "with --resume RUN")
     if cfg.min_nproc is None:
         return
     if not 1 <= cfg.min_nproc <= cfg.nproc:

@@ -27,6 +27,7 @@ from subnetdp.checkpoint.files import (
 )
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.config import TrainConfig, config_keys
+from subnetdp.train.data_identity import Recorded, recorded_in
 
 __all__ = [
     "RESHARD_OVERRIDABLE",
@@ -37,6 +38,7 @@ __all__ = [
     "interrupted_message",
     "not_finite_error",
     "preflight_resume",
+    "recorded_data",
     "restart_count",
     "resume_config",
     "resume_source",
@@ -53,7 +55,9 @@ RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", 
                                 "tensorboard", "wandb", "wandb_project", "eval_every",
                                 "peak_tflops",
                                 # the optimizer's layout, not its maths: checkpoints are plain
-                                "zero"})
+                                "zero",
+                                # the data may have changed: train/data_identity.py
+                                "accept_new_data"})
 # What --reshard may change besides: the world size and the plan ([Note: resharded resume]).
 RESHARD_OVERRIDABLE = frozenset({"nproc", "coverage", "scheme", "balance", "min_holders",
                                  "plan_file", "neuron_groups", "neuron_kinds", "rotate"})
@@ -144,7 +148,16 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> Tra
             f"{manifest['step']} to train further")
     saved["out"], saved["resume"] = str(run_dir), str(ckpt)
     saved["reshard"], saved["overwrite"] = reshard, False
+    saved["accept_new_data"] = bool(given.get("accept_new_data"))  # for this resume only
     return TrainConfig.from_dict(saved)
+
+
+def recorded_data(cfg: TrainConfig) -> Recorded | None:
+    """What the checkpoint a run resumes recorded of its data (None: a new run)."""
+    if not cfg.resume:
+        return None
+    ckpt = resolve_checkpoint(cfg.resume)
+    return recorded_in(ckpt, read_manifest(ckpt, config_keys=config_keys()))
 
 
 def preflight_resume(cfg: TrainConfig) -> None:

@@ -31,7 +31,12 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.metrics.progress import LiveBar
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
-    from subnetdp.train.resume import NonFiniteLossError, preflight_resume, restart_count
+    from subnetdp.train.resume import (
+        NonFiniteLossError,
+        preflight_resume,
+        recorded_data,
+        restart_count,
+    )
     from subnetdp.train.tasks import make_task
     from subnetdp.train.trainer import train_worker
 
@@ -46,7 +51,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         # the tokenizer/token cache is built once, here, before the workers start; then the
         # model, the plan that will run (read or built once, here: the workers get it), data
         # and folder are checked on the meta device (train/validate.py)
-        task = make_task(cfg)
+        task = make_task(cfg, recorded_data(cfg))
         plan = preflight(cfg, task, budget_plan(cfg, cfg.nproc))
         # Refuse a damaged checkpoint or one for another world before anything is written.
         if cfg.resume:

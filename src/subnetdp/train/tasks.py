@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from subnetdp.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from subnetdp.train.data_identity import Recorded
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -19,6 +22,7 @@ class Task(Protocol):
     items_per_batch: int  # tokens (lm) or samples (image) per rank per step
 
     def model_overrides(self) -> dict[str, Any]: ...
+    def data_identity(self) -> dict[str, Any]: ...
     def batches(self, *, rank: int, world: int, start_step: int = 0) -> Iterator[Batch]: ...
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]: ...
@@ -27,16 +31,23 @@ class Task(Protocol):
 class LMTask:
     """Next-token prediction on the real text corpus (or the user's, with --data-dir)."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
-        from subnetdp.data import prepare_text
+    def __init__(self, cfg: TrainConfig, recorded: Recorded | None = None) -> None:
         from subnetdp.data.hf import TextSource
+        from subnetdp.train.data_identity import prepare_recorded
 
         assert cfg.batch_size is not None and cfg.seq_len is not None
         self.cfg = cfg
         source = TextSource(cfg.dataset, tuple(cfg.data_files), cfg.text_field)
-        self.data = prepare_text(vocab_size=cfg.vocab_size or 4096, data_dir=cfg.data_dir,
-                                 tokenizer=cfg.tokenizer or "bpe", source=source)
+        # a resumed or evaluated run: its own tokenizer and data (train/data_identity.py)
+        self.data = prepare_recorded(recorded,
+                                     vocab_size=cfg.vocab_size or 4096, data_dir=cfg.data_dir,
+                                     tokenizer=cfg.tokenizer or "bpe", source=source,
+                                     accept_new_data=cfg.accept_new_data)
         self.items_per_batch = cfg.batch_size * cfg.seq_len
+
+    def data_identity(self) -> dict[str, Any]:
+        """What a checkpoint records of the data ([Note: data identity])."""
+        return self.data.identity
 
     def model_overrides(self) -> dict[str, Any]:
         # The trained tokenizer may come out smaller than asked on a small corpus.
@@ -98,6 +109,9 @@ class ImageTask:
     def model_overrides(self) -> dict[str, Any]:
         return dict(self.cfg.model_args)
 
+    def data_identity(self) -> dict[str, Any]:
+        return {}  # image sets are not recorded
+
     def batches(self, *, rank: int, world: int, start_step: int = 0) -> Iterator[Batch]:
         from subnetdp.data import image_batches
 
@@ -128,10 +142,11 @@ class ImageTask:
         return {"val_loss": total / n, "val_accuracy": correct / n, "val_samples": float(n)}
 
 
-def make_task(cfg: TrainConfig) -> LMTask | ImageTask:
+def make_task(cfg: TrainConfig, recorded: Recorded | None = None) -> LMTask | ImageTask:
+    """The run's task; ``recorded``: what the checkpoint it resumes or evaluates recorded."""
     from subnetdp.models import get_recipe
 
     recipe = get_recipe(cfg.recipe)
     if recipe.task == "lm":
-        return LMTask(cfg)
+        return LMTask(cfg, recorded)
     return ImageTask(cfg, recipe.defaults)

@@ -41,6 +41,7 @@ from subnetdp.train.flops import rank_step_flops
 from subnetdp.train.resume import (
     drop_replayed_metrics,
     not_finite_error,
+    recorded_data,
     resume_source,
     state_finite,
 )
@@ -168,7 +169,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
     torch.manual_seed(cfg.seed)
     device = run_device(cfg)
     recipe = get_recipe(cfg.recipe)
-    task = make_task(cfg)
+    task = make_task(cfg, recorded_data(cfg))  # a resume: the data the run recorded
     overrides = task.model_overrides()
     if plan is None:
         with torch.device("meta"):
@@ -176,7 +177,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
     model = build_rank(cfg, recipe, plan, device, overrides)
     opt, sched = make_optimizer(cfg, recipe, model)
     ckpt = Checkpointer(out, model, opt, sched, plan=plan, cfg=cfg, rank=rank, world=world,
-                        info=run_info(recipe, overrides))
+                        info={**run_info(recipe, overrides), "data": task.data_identity()})
     source = resume_source(cfg.resume, out)  # also: after an elastic restart, the newest
     start = ckpt.restore(source) if source is not None else 0
     set_timeout(cfg.collective_timeout)
