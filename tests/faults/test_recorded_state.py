@@ -247,8 +247,9 @@ def _unknown_dtype(s: Shards, m: dict) -> None:
     m["model_state"][0][2] = "torch.float99"
 
 
-CASES = {"gap": _gap, "same count, other positions": _same_count_other_positions,
-         "overlap": _overlap, "slice past its tensor": _past_the_end, "no such dim": _bad_dim,
+CASES = {"gap": _gap, "two pieces at one position": _same_count_other_positions,
+         "overlap, the count covered": _overlap, "slice past its tensor": _past_the_end,
+         "no such dim": _bad_dim,
          "int8 piece of a float32 entry": _int8, "2^50-element shape": _huge_shape,
          "missing piece": _missing_whole_piece,
          "duplicated piece, other values": _duplicate_other_values,
