@@ -285,3 +285,24 @@ def test_every_crafted_checkpoint_is_refused_in_one_line(
     assert main(["export", str(ckpt), "--out", str(tmp_path / "m.safetensors")]) == 2
     assert str(ckpt) in _one_line(capsys)
     assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_live_assembly_refuses_gaps_and_broadcastable_pieces() -> None:
+    """The in-memory gather (runtime/assemble.py): slices that do not tile their dim, or a
+    piece that would broadcast into its place, are refused instead of leaving memory unset."""
+    from subnetdp.runtime.assemble import assemble
+    from subnetdp.subnet.pieces import Piece
+
+    def piece(start: int, stop: int, rows: int | None = None) -> Piece:
+        return Piece("w", 0, 0, start, stop, (stop - start if rows is None else rows, 3),
+                     torch.float32, True)
+
+    whole = torch.arange(12.0).view(4, 3)
+    tiled = [piece(0, 2), piece(2, 4)]
+    parts = [{"w@0:0:2": whole[:2]}, {"w@0:2:4": whole[2:]}]
+    assert torch.equal(assemble(parts, tiled, ["w"])["w"], whole)
+    gap = [piece(0, 2), piece(3, 5)]
+    with pytest.raises(RuntimeError, match="do not tile dim 0"):
+        assemble([{"w@0:0:2": whole[:2]}, {"w@0:3:5": whole[2:]}], gap, ["w"])
+    with pytest.raises(RuntimeError, match=r"arrived as \(1, 3\)"):
+        assemble([{"w@0:0:2": whole[:1]}, {"w@0:2:4": whole[2:]}], tiled, ["w"])

@@ -7,6 +7,7 @@ this rank's possibly narrower tensor.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -63,6 +64,10 @@ def assemble(
     by_key: dict[str, list[Piece]] = {}
     for p in pieces:
         by_key.setdefault(p.key, []).append(p)
+    for p in pieces:  # a piece of another shape could broadcast into its place silently
+        if tuple(merged[p.name].shape) != tuple(p.shape):
+            raise RuntimeError(f"piece {p.name} arrived as {tuple(merged[p.name].shape)}, not "
+                               f"{tuple(p.shape)} (plan/model mismatch?)")
     out = {}
     for key in full_keys:
         ps = by_key[key]
@@ -70,8 +75,14 @@ def assemble(
             out[key] = merged[ps[0].name]
             continue
         dim = ps[0].dim
+        # the slices must tile [0, size) along one dim, so torch.empty below is fully written
+        spans = sorted((p.start, p.stop) for p in ps)
+        if any(p.dim != dim for p in ps) or spans[0][0] != 0 or any(
+                a[1] != b[0] for a, b in itertools.pairwise(spans)):
+            raise RuntimeError(f"the slices of {key} {spans} do not tile dim {dim} "
+                               "(plan/model mismatch?)")
         shape = list(ps[0].shape)
-        shape[dim] = sum(p.stop - p.start for p in ps)
+        shape[dim] = spans[-1][1]
         full = torch.empty(shape, dtype=ps[0].dtype)
         for p in ps:
             full.narrow(dim, p.start, p.stop - p.start).copy_(merged[p.name])
