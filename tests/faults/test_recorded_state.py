@@ -127,6 +127,28 @@ def test_accepting_new_data_uses_the_runs_tokenizer(
         doc.write_bytes(raw)
 
 
+def test_without_the_cache_eval_uses_the_runs_tokenizer(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Property for the run's tokenizer.json: with the token cache gone, ``eval`` tokenises
+    with it and gives the run's own number; truncated, one byte flipped, replaced or removed,
+    it is refused in one line (never a new tokenizer trained in its place)."""
+    assert main(["eval", str(run), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)["val_loss"]
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("logs"))
+    monkeypatch.setenv("SUBNETDP_CACHE", str(tmp_path / "empty-cache"))
+    assert main(["eval", str(copy), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["val_loss"] == before
+    raw = (copy / "tokenizer.json").read_bytes()
+    for how, mutate in _mutations(copy / "tokenizer.json").items():
+        monkeypatch.setenv("SUBNETDP_CACHE", str(tmp_path / f"cache-{len(how)}"))
+        mutate()
+        assert main(["eval", str(copy)]) == 2, how
+        assert "neither the token cache nor its run folder" in _one_line(capsys), how
+        (copy / "tokenizer.json").write_bytes(raw)
+
+
 def test_a_changed_run_tokenizer_is_refused(run: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """The run's tokenizer.json, replaced by another one: export --format hf refuses it."""
