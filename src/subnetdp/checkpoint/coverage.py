@@ -22,11 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-# safetensors' dtype codes (``get_slice(name).get_dtype()``) and the manifest's torch spelling
+# safetensors' dtype codes (``get_slice(name).get_dtype()``) and the manifest's torch spelling:
+# every dtype a checkpoint can hold
 ST_DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 MANIFEST_DTYPES: dict[str, torch.dtype] = {str(t): t for t in ST_DTYPES.values()}
 

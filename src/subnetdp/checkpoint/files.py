@@ -405,23 +405,28 @@ def split_piece(piece: str) -> tuple[str, tuple[int, int, int] | None]:
     return m["key"], (int(m["dim"]), int(m["start"]), int(m["stop"]))
 
 
-def checked_pieces(ckpt: Path, manifest: dict[str, Any], pieces: ShardReader, key: str,
-                   found: list[str], dtype: str | None) -> None:
-    """Refuse, in one line naming the checkpoint, the entry and the piece, pieces ``found`` of
-    ``key`` that do not rebuild its manifest shape (and ``dtype``) exactly ([Note: piece
-    coverage]); nothing is allocated before this passes."""
-    shapes = model_shapes(manifest)
-    if key not in shapes:
-        raise CheckpointError(f"{ckpt}: the piece {found[0]!r} names no entry of the manifest's "
-                              "model_state; the checkpoint is damaged or was edited, use an "
-                              "earlier one (nothing was assembled)")
+def check_pieces(ckpt: Path, manifest: dict[str, Any], pieces: ShardReader, *,
+                 with_dtype: bool) -> dict[str, list[str]]:
+    """The pieces of ``pieces`` by entry, each entry's checked to rebuild its manifest shape
+    (and dtype, ``with_dtype``) exactly ([Note: piece coverage]); else ``CheckpointError``, one
+    line naming the checkpoint, the entry and the piece. Reads headers only, allocates nothing."""
+    by_key: dict[str, list[str]] = {}
+    for piece in pieces:
+        by_key.setdefault(split_piece(piece)[0], []).append(piece)
+    entries = {k: (shape, dtype) for k, shape, dtype in manifest["model_state"]}
     budget = sum(int(f["bytes"]) for f in manifest["files"].values())
-    problem = coverage_problem(key, shapes[key],
-                               None if dtype is None else MANIFEST_DTYPES[dtype],
-                               [pieces.info(p) for p in found], budget)
-    if problem is not None:
-        raise CheckpointError(f"{ckpt}: {problem}; the checkpoint is damaged or was edited, use "
-                              "an earlier one (nothing was assembled)")
+    for key, found in by_key.items():
+        if key not in entries:
+            raise CheckpointError(f"{ckpt}: the piece {found[0]!r} names no entry of the "
+                                  "manifest's model_state; the checkpoint is damaged or was "
+                                  "edited, use an earlier one (nothing was assembled)")
+        shape, dtype = entries[key]
+        problem = coverage_problem(key, shape, MANIFEST_DTYPES[dtype] if with_dtype else None,
+                                   [pieces.info(p) for p in found], budget)
+        if problem is not None:
+            raise CheckpointError(f"{ckpt}: {problem}; the checkpoint is damaged or was edited, "
+                                  "use an earlier one (nothing was assembled)")
+    return by_key
 
 
 def model_shapes(manifest: dict[str, Any]) -> dict[str, list[int]]:
@@ -432,12 +437,7 @@ def assemble_full_state(ckpt: Path, manifest: dict[str, Any]) -> dict[str, torch
     """The full model's state dict (keys in the model's own order) from all ranks' pieces,
     each entry's pieces checked before it is allocated ([Note: piece coverage])."""
     pieces = ShardReader(ckpt, list(manifest["files"]), "model/")
-    by_key: dict[str, list[str]] = {}
-    for piece in pieces:
-        by_key.setdefault(split_piece(piece)[0], []).append(piece)
-    dtypes = {k: dtype for k, _, dtype in manifest["model_state"]}
-    for key, found in by_key.items():  # a piece of no entry too, before any is allocated
-        checked_pieces(ckpt, manifest, pieces, key, found, dtypes.get(key))
+    by_key = check_pieces(ckpt, manifest, pieces, with_dtype=True)
     out: dict[str, torch.Tensor] = {}
     for key, shape, dtype in manifest["model_state"]:
         if key not in by_key:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from subnetdp.checkpoint.files import ShardReader, checked_pieces, model_shapes, split_piece
+from subnetdp.checkpoint.files import ShardReader, check_pieces, model_shapes, split_piece
 
 __all__ = ["PieceReader", "model_shapes", "reseed"]
 
@@ -44,15 +44,9 @@ class PieceReader(Mapping[str, torch.Tensor]):
         self._saved = ShardReader(ckpt, sorted(manifest["files"]), prefix)
         self._ckpt, self._prefix = ckpt, prefix
         self._shapes = model_shapes(manifest)
-        self._by_key: dict[str, list[tuple[str, tuple[int, int, int] | None]]] = {}
-        for piece in self._saved:
-            key, where = split_piece(piece)
-            self._by_key.setdefault(key, []).append((piece, where))
-        dtypes = {k: dtype for k, _, dtype in manifest["model_state"]} if prefix == "model/" \
-            else {}
-        for key, found in self._by_key.items():
-            checked_pieces(ckpt, manifest, self._saved, key, [p for p, _ in found],
-                           dtypes.get(key))
+        self._by_key = {key: [(p, split_piece(p)[1]) for p in found] for key, found in
+                        check_pieces(ckpt, manifest, self._saved,
+                                     with_dtype=prefix == "model/").items()}
         self._cache: tuple[str, torch.Tensor] | None = None  # the last full entry assembled
 
     def __contains__(self, piece: object) -> bool:
