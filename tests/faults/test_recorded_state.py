@@ -127,6 +127,15 @@ def test_accepting_new_data_uses_the_runs_tokenizer(
         doc.write_bytes(raw)
 
 
+def test_accept_new_data_needs_resume(run: Path, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = json.loads((run / "config.json").read_text())["data_dir"]
+    assert main(["train", *TINY, "--steps", "2", "--data-dir", corpus, "--accept-new-data",
+                 "--out", str(tmp_path / "new")]) == 2
+    assert "use it with --resume" in _one_line(capsys)
+    assert not (tmp_path / "new").exists()
+
+
 def test_without_the_cache_eval_uses_the_runs_tokenizer(
         run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
