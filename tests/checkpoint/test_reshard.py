@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from subnetdp.checkpoint.files import list_checkpoints, read_manifest, split_piece
+from subnetdp.checkpoint.files import ShardReader, list_checkpoints, read_manifest, split_piece
 from subnetdp.checkpoint.reshard import PieceReader
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
@@ -35,12 +35,14 @@ def _assembled(ckpt: Path) -> dict[str, torch.Tensor]:
     """Every full tensor of a checkpoint, model and optimizer state alike (``prefix/key``)."""
     manifest = read_manifest(ckpt)
     out: dict[str, torch.Tensor] = {}
-    prefixes = ["model/", *(f"optim/{k}/" for k in manifest["optimizer"]["like_states"]),
-                *(f"optim_scalar/{k}/" for k in manifest["optimizer"]["scalar_states"])]
+    prefixes = ["model/", *(f"optim/{k}/" for k in manifest["optimizer"]["like_states"])]
     for prefix in prefixes:
         reader = PieceReader(ckpt, manifest, prefix)
         for key in sorted({split_piece(p)[0] for p in reader}):
             out[prefix + key] = reader[key].clone()
+    for k in manifest["optimizer"]["scalar_states"]:  # one value per entry, not its pieces
+        scalars = ShardReader(ckpt, sorted(manifest["files"]), f"optim_scalar/{k}/")
+        out.update({f"optim_scalar/{k}/{key}": scalars[key].clone() for key in scalars})
     return out
 
 
