@@ -219,6 +219,9 @@ def check_run_inputs(out: str | os.PathLike[str],
         if path is None:
             continue
         p = Path(path).resolve()
+        if is_run_folder(p):
+            raise ValueError(f"{flag} {path} is a run folder (it holds a run's checkpoints or "
+                             "metrics), not an input; name the file or folder to read")
         if p == o or p.is_relative_to(o):
             raise ValueError(f"{flag} {path} lies in the run folder --out {out}, which the run "
                              "writes (and --overwrite empties); copy it elsewhere first or "
