@@ -255,6 +255,9 @@ def read_manifest(ckpt: Path, *, config_keys: Collection[str] | None = None) -> 
     ``config_keys``: the training configuration's fields (``train.config.config_keys()``);
     a manifest whose config has others is refused (None: the config is not checked)."""
     path = ckpt / MANIFEST
+    if path.is_symlink():  # [Note: no links inside a run folder] (filemode.py)
+        raise CheckpointError(f"{path} is a symbolic link; a checkpoint's files are never read "
+                              "through links: remove it (nothing was read)")
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
