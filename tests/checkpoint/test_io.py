@@ -33,7 +33,8 @@ from subnetdp.train.resume import resume_config, truncate_metrics
 
 # The entries every manifest has (Checkpointer._manifest), with neutral values.
 _MINIMAL: dict[str, object] = {
-    "format": FORMAT, "version": VERSION, "strategy": "b-sdp", "time": 0.0, "plan": {},
+    "format": FORMAT, "version": VERSION, "parent": None, "strategy": "b-sdp", "time": 0.0,
+    "plan": {},
     "recipe": "toy", "model_overrides": {}, "model_state": [], "config": {},
     "optimizer": {"class": "AdamW", "like_states": [], "scalar_states": [], "param_groups": [],
                   "scheduler": {}},
@@ -42,13 +43,16 @@ _MINIMAL: dict[str, object] = {
 
 def _checkpoint(root: Path, step: int, tensors: dict[str, dict[str, torch.Tensor]],
                 **extra: object) -> Path:
-    """A checkpoint folder written the way Checkpointer.save writes one."""
+    """A checkpoint folder written the way Checkpointer.save writes one (continuing the
+    checkpoint one step before, if there is one)."""
     staging = root / f".step_{step:08d}.partial"
     staging.mkdir(parents=True)
     files = {name: write_shard(staging / name, t, {"format": FORMAT})
              for name, t in tensors.items()}
+    before = root / f"step_{step - 1:08d}"
     write_manifest(staging, {**_MINIMAL, "world": max(len(files), 1), "step": step,
-                             "files": files, **extra})
+                             "files": files,
+                             "parent": before.name if before.is_dir() else None, **extra})
     final = root / f"step_{step:08d}"
     publish(staging, final)
     return final

@@ -152,7 +152,8 @@ def test_incomplete_and_damaged_manifests(bsdp_copy: Path,
     last = bsdp_copy / "checkpoints" / "step_00000006"
     (last / "manifest.json").write_text("{not json")
     assert "is damaged (not valid JSON" in _err(["export", str(bsdp_copy), "--out",
-                                                  str(bsdp_copy / "m.safetensors")], capsys)
+                                                  str(bsdp_copy.parent / "m.safetensors")],
+                                                 capsys)
     (last / "manifest.json").unlink()
     assert "never completed" in _err(["train", "--resume", str(last)], capsys)
     # The run folder itself resolves to the newest *complete* checkpoint (step 3).
@@ -211,7 +212,8 @@ def test_export_and_eval_refusals(bsdp_copy: Path, tmp_path: Path,
     assert target.read_bytes() == b"precious"
     assert "must end in .safetensors" in _err(
         ["export", str(bsdp_copy), "--out", str(tmp_path / "m.pt")], capsys)
-    assert "holds no complete checkpoint" in _err(["export", str(tmp_path), "--out",
+    (tmp_path / "empty").mkdir()
+    assert "holds no complete checkpoint" in _err(["export", str(tmp_path / "empty"), "--out",
                                                    str(tmp_path / "n.safetensors")], capsys)
     foreign = tmp_path / "foreign.safetensors"
     save_file({"w": torch.zeros(2)}, str(foreign))

@@ -62,7 +62,8 @@ from subnetdp.checkpoint.files import (
     write_manifest,
     write_shard,
 )
-from subnetdp.checkpoint.reshard import PieceReader, reseed
+from subnetdp.checkpoint.reshard import PieceReader, model_shapes, reseed
+from subnetdp.filemode import FolderId, check_same_folder, folder_id, write_atomic
 from subnetdp.plan import Plan
 from subnetdp.runtime.rank import RankModel
 from subnetdp.runtime.zero import zero_of
@@ -118,6 +119,12 @@ class Checkpointer:
             model)
         self.local = model.plain_params()  # templates of optimizer state, plain layout
         self.info = info  # recipe, model_overrides, model_state: what export/eval need
+        # [Note: no links inside a run folder]: the folder this run writes, checked before
+        # every checkpoint is staged, published or pruned (None: taken at the first save)
+        self.folder: FolderId | None = folder_id(run_dir) if run_dir.is_dir() else None
+        # the checkpoint this run's state continues (recorded in each manifest: prune follows
+        # this lineage, not names)
+        self.parent: str | None = None
 
     def due(self, done: int) -> bool:
         """Save after ``done`` steps? Every ``ckpt_every`` steps and at the end of the run."""
@@ -134,7 +141,7 @@ class Checkpointer:
         optim, like, scalar = _optimizer_pieces(state, self.opt_params, self.local, self.shards)
         rng, rng_meta = _capture_rng()
         staging, final = staging_dir(self.root, done), step_dir(self.root, done)
-        token = self._on_rank0(lambda: _open_staging(staging), final)
+        token = self._on_rank0(lambda: self._open_staging(staging), final)
         error, entry = "", None
         try:
             if token != _read_token(staging):
@@ -157,12 +164,31 @@ class Checkpointer:
         def finish() -> str:
             (staging / _TOKEN).unlink()
             write_manifest(staging, self._manifest(done, dict(entries), like, scalar))
+            self._check_folder()
             publish(staging, final)
-            prune(self.root, self.cfg.ckpt_keep)
+            prune(self.root, self.cfg.ckpt_keep, newest=final)
             return ""
 
         self._on_rank0(finish, final)
+        self.parent = final.name
         return final
+
+    def _check_folder(self) -> None:
+        """Raise ``OSError`` if the run folder is no longer the one this run started in."""
+        run = self.root.parent
+        if self.folder is None:
+            run.mkdir(parents=True, exist_ok=True)
+            self.folder = folder_id(run)
+        check_same_folder(run, self.folder)
+
+    def _open_staging(self, staging: Path) -> str:
+        """A fresh staging folder with a new token in it (rank 0); returns the token."""
+        self._check_folder()
+        shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed attempt
+        staging.mkdir(parents=True)
+        token = secrets.token_hex(16)
+        write_atomic(staging / _TOKEN, token)
+        return token
 
     def _on_rank0(self, action: Callable[[], str], final: Path) -> str:
         """``action()`` on rank 0, its result broadcast; an ``OSError`` there fails all."""
@@ -179,7 +205,7 @@ class Checkpointer:
         return str(value)
 
     def _fail(self, final: Path, reason: str) -> NoReturn:
-        if self.rank == 0:
+        if self.rank == 0 and self.folder is not None and _same(self.root.parent, self.folder):
             shutil.rmtree(staging_dir(self.root, int(final.name[5:])), ignore_errors=True)
         found = list_checkpoints(self.root)
         kept = (f"the newest intact checkpoint is {found[-1]}" if found else
@@ -195,6 +221,7 @@ class Checkpointer:
         return {
             "format": FORMAT, "version": VERSION, "step": done, "world": self.world,
             "strategy": self.cfg.strategy, "time": time.time(),
+            "parent": self.parent,
             "plan": self.plan.to_dict(), **self.info, "config": self.cfg.to_dict(),
             "optimizer": {"class": type(self.opt).__name__, "like_states": like,
                           "scalar_states": scalar, "param_groups": groups,
@@ -225,6 +252,8 @@ class Checkpointer:
         for group, saved in zip(self.opt.param_groups, opt_info["param_groups"], strict=True):
             group.update(saved)
         step = int(manifest["step"])
+        # a checkpoint of this run folder is the parent of the next (one from elsewhere is not)
+        self.parent = ckpt.name if ckpt.parent.resolve() == self.root.resolve() else None
         same_plan = (manifest["world"] == self.world
                      and _normalised(self.plan.to_dict()) == _normalised(manifest["plan"]))
         if not same_plan:  # the old ranks' RNG streams mean nothing to the new ranks
@@ -241,13 +270,12 @@ def _restarted_into_another_world(manifest: dict[str, Any], world: int) -> bool:
     return restarted and manifest["world"] != world
 
 
-def _open_staging(staging: Path) -> str:
-    """A fresh staging folder with a new token in it (rank 0); returns the token."""
-    shutil.rmtree(staging, ignore_errors=True)  # leftovers of a crashed attempt
-    staging.mkdir(parents=True)
-    token = secrets.token_hex(16)
-    (staging / _TOKEN).write_text(token)
-    return token
+def _same(run: Path, folder: FolderId) -> bool:
+    try:
+        check_same_folder(run, folder)
+    except OSError:
+        return False
+    return True
 
 
 def _read_token(staging: Path) -> str | None:

@@ -46,10 +46,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from subnetdp.checkpoint.coverage import MANIFEST_DTYPES, PieceInfo, coverage_problem
-from subnetdp.filemode import share
+from subnetdp.filemode import share, write_atomic
 
 FORMAT = "subnetdp-checkpoint"
-VERSION = 2  # 2: the manifest's own checksum ([Note: self-verifying manifests])
+# 2: the manifest's own checksum ([Note: self-verifying manifests]); 3: its ``parent``
+# ([Note: checkpoint lineage]). Version 2 manifests are read too (they have no parent).
+VERSION = 3
+READABLE_VERSIONS = (2, 3)
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _SHARD = re.compile(r"^rank(\d{5})\.safetensors$")
@@ -159,13 +162,7 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str
 
 def write_json_durable(path: Path, obj: Any) -> None:
     """``obj`` as JSON at ``path`` through a temporary name, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1) + "\n", durable=True)
 
 
 def manifest_checksum(manifest: dict[str, Any]) -> str:
@@ -202,11 +199,45 @@ def publish(staging: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints, and what crashed attempts left
-    (staging folders, folders without a manifest); return the checkpoints deleted. Call it
-    only while no checkpoint is being written (rank 0, right after ``publish``)."""
-    doomed = list_checkpoints(root)[:-keep] if keep > 0 else []
+# [Note: checkpoint lineage]
+# Each manifest names its ``parent``: the checkpoint whose state the run continued (the one
+# resumed from, or the one written before it; None for a run's first). A run resumed from an
+# older checkpoint writes checkpoints whose names interleave with those of the trajectory it
+# abandoned (``rundir.set_aside_newer`` moves those aside first), so "the newest K names" is
+# not "this run's newest K": pruning keeps the newest ``keep`` checkpoints of the lineage of
+# the one just published, and deletes the others.
+def lineage(ckpt: Path) -> list[Path]:
+    """``ckpt`` and the checkpoints of its root that it continues, newest first. A manifest
+    without a parent entry (version 2, or one that cannot be read) continues the next older
+    checkpoint by name; the chain stops at a parent that is gone (pruned, set aside)."""
+    chain: list[Path] = []
+    current: Path | None = ckpt
+    while current is not None and current not in chain:
+        chain.append(current)
+        try:
+            manifest: dict[str, Any] = read_manifest(current)
+        except CheckpointError:
+            manifest = {}
+        if "parent" in manifest:
+            parent = manifest["parent"]
+            current = ckpt.parent / parent if parent and _STEP_DIR.match(parent) else None
+            if current is not None and not (current / MANIFEST).is_file():
+                current = None
+        else:
+            older = [p for p in list_checkpoints(ckpt.parent) if p.name < current.name]
+            current = older[-1] if older else None
+    return chain
+
+
+def prune(root: Path, keep: int, *, newest: Path | None = None) -> list[Path]:
+    """Keep the newest ``keep`` checkpoints of the lineage of ``newest`` (default: the newest
+    by name) and delete the other complete checkpoints ([Note: checkpoint lineage]) and what
+    crashed attempts left (staging folders, folders without a manifest); return the
+    checkpoints deleted. Call it only while no checkpoint is being written (rank 0, right after
+    ``publish``)."""
+    found = list_checkpoints(root)
+    kept = set(lineage(newest or found[-1])[:keep]) if keep > 0 and found else set(found)
+    doomed = [p for p in found if p not in kept]
     for p in doomed:
         # Removing the manifest first makes a half-deleted folder read as incomplete.
         (p / MANIFEST).unlink(missing_ok=True)
@@ -225,6 +256,9 @@ def read_manifest(ckpt: Path, *, config_keys: Collection[str] | None = None) -> 
     ``config_keys``: the training configuration's fields (``train.config.config_keys()``);
     a manifest whose config has others is refused (None: the config is not checked)."""
     path = ckpt / MANIFEST
+    if path.is_symlink():  # [Note: no links inside a run folder] (filemode.py)
+        raise CheckpointError(f"{path} is a symbolic link; a checkpoint's files are never read "
+                              "through links: remove it (nothing was read)")
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
@@ -234,7 +268,7 @@ def read_manifest(ckpt: Path, *, config_keys: Collection[str] | None = None) -> 
                               "checkpoint") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a subnetdp checkpoint manifest")
-    if manifest.get("version") != VERSION:
+    if manifest.get("version") not in READABLE_VERSIONS:
         raise CheckpointError(f"{path} has format version {manifest.get('version')}; this "
                               f"subnetdp reads version {VERSION}")
     if manifest.get("checksum") != manifest_checksum(manifest):
@@ -277,7 +311,9 @@ def _check_schema(manifest: dict[str, Any], path: Path, config_keys: Collection[
 
     typed(manifest, _SCHEMA, "")
     typed(manifest, {k: v for k, v in _OPTIONAL.items() if k in manifest}, "")
-    extra = sorted(set(manifest) - set(_SCHEMA) - set(_OPTIONAL))
+    if manifest["version"] >= 3:
+        typed(manifest, {"parent": (str, type(None))}, "")
+    extra = sorted(set(manifest) - set(_SCHEMA) - set(_OPTIONAL) - {"parent"})
     if extra:
         raise bad(f"unknown entries {extra}")
     if manifest["step"] < 0 or manifest["world"] < 1:

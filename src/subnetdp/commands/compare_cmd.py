@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
         if args.downstream_limit is not None and args.downstream_limit < 1:
             raise ValueError(f"--downstream-limit must be >= 1, got {args.downstream_limit}")
         suite = select(base, tasks=tasks, seeds=args.seeds, steps=args.steps)
+        from subnetdp.checkpoint.rundir import check_output
+
+        check_output(runs, flag="--runs")  # its cells' folders are replaced when unfinished
+        check_output(out, flag="--out")
     except ValueError as e:
         print(f"subnetdp compare: {e}", file=sys.stderr)
         return 2

@@ -76,6 +76,7 @@ def one_thread_per_worker() -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from subnetdp.checkpoint.rundir import check_output
     from subnetdp.metrics.report import comparison_table, format_summary
     from subnetdp.study.suite import budget_steps
     from subnetdp.train.run import run_training
@@ -83,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.coverage <= 1 or args.steps < 1:
         print(f"subnetdp demo: need 0 < --coverage <= 1 and --steps >= 1, got "
               f"{args.coverage} and {args.steps}", file=sys.stderr)
+        return 2
+    try:
+        check_output(args.out, flag="--runs")  # the demo replaces DIR/ddp and DIR/b-sdp
+    except ValueError as e:
+        print(f"subnetdp demo: {e}", file=sys.stderr)
         return 2
     budget = "flop" if args.match == "compute" else "step"
     steps = {s: budget_steps(s, args.coverage, args.steps, budget) for s in ("ddp", "b-sdp")}

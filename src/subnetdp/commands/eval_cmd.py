@@ -76,6 +76,10 @@ def run_downstream(args: argparse.Namespace) -> int:
     from subnetdp.train.device import device_name
 
     try:
+        if args.out:
+            from subnetdp.checkpoint.rundir import check_output
+
+            check_output(args.out, sources=(args.path,))
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
         device = device_name(args.device or "cpu")  # an HF folder records no device of its own

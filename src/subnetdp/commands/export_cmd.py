@@ -30,11 +30,13 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from subnetdp.checkpoint.export import export_checkpoint
+    from subnetdp.checkpoint.rundir import check_output
     from subnetdp.hf import export_hf
     from subnetdp.train.config import config_keys
 
     export = export_hf if args.format == "hf" else export_checkpoint
     try:
+        check_output(args.out, sources=(args.run,))
         info = export(args.run, args.out, overwrite=args.overwrite, config_keys=config_keys())
     except (ValueError, OSError) as e:
         print(f"subnetdp export: {e}", file=sys.stderr)

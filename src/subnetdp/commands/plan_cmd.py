@@ -351,6 +351,14 @@ def _per_rank_budgets(args: argparse.Namespace, base: Any, budgets: list[float])
 
 def run(args: argparse.Namespace) -> int:
     """Run ``subnetdp plan``; 0 on success, 2 on a user error (message on stderr)."""
+    if args.save:
+        from subnetdp.checkpoint.rundir import check_output
+
+        try:
+            check_output(args.save, sources=(args.plan_file,) if args.plan_file else ())
+        except ValueError as e:
+            print(f"subnetdp plan: error: {e}", file=sys.stderr)
+            return 2
     if args.memory_gb is not None:
         return _budget(args)
     strategy = get_strategy(args.strategy)

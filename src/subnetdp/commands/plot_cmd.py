@@ -20,11 +20,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from subnetdp.checkpoint.rundir import check_output
     from subnetdp.metrics.curves import plot_runs
 
     runs = [Path(r) for r in args.runs]
     out = Path(args.out) if args.out else runs[0] / "curves.png"
     try:
+        check_output(out, beside=tuple(runs))  # a new file beside a run's own, at most
         plot_runs(runs, out)
     except ImportError:
         print("subnetdp plot: needs matplotlib: `pip install 'subnetdp[plot]'`", file=sys.stderr)

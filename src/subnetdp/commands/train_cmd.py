@@ -211,7 +211,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if getattr(args, "config", None):
         from subnetdp.train.config_file import load_config_file, merge_config
 
-        values = merge_config(load_config_file(args.config), values, _explicit_options(args))
+        from_file = load_config_file(args.config)
+        explicit = _explicit_options(args)
+        if values.get("overwrite") and "out" in from_file and "out" not in explicit:
+            raise ValueError(f"--overwrite deletes the run folder that --out names; "
+                             f"{from_file['out']} comes from --config {args.config}, so add "
+                             f"--out {from_file['out']} to replace it (nothing was changed)")
+        values = merge_config(from_file, values, explicit)
     if values.get("resume"):
         from subnetdp.train.resume import resume_config
 

@@ -34,7 +34,7 @@ from subnetdp.distributed.process_group import (
     gloo_loopback,
     under_launcher,
 )
-from subnetdp.filemode import share
+from subnetdp.filemode import append_text, share
 
 __all__ = [
     "RunInterruptedError",
@@ -297,7 +297,8 @@ def _agent_log(log_dir: str | None) -> Iterator[None]:
         yield
         return
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(Path(log_dir) / "agent.log")
+    # not logging.FileHandler: it would append through a link planted at agent.log
+    handler = logging.StreamHandler(append_text(Path(log_dir) / "agent.log"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic",
                                               "torch.distributed.launcher",
@@ -313,6 +314,7 @@ def _agent_log(log_dir: str | None) -> Iterator[None]:
             lg.removeHandler(handler)
             lg.propagate = prop
         handler.close()
+        handler.stream.close()
 
 
 # [Note: fork and the garbage collector]

@@ -49,6 +49,10 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
                          "it or choose another --out (nothing was written)")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; --format hf writes a folder")
+    if out.is_dir() and any(out.iterdir()) and not _is_export(out):
+        raise ValueError(f"--out {out} holds files that `subnetdp export --format hf` did not "
+                         "write; --overwrite replaces only an earlier export: choose another "
+                         "--out (nothing was written)")
     ckpt = resolve_checkpoint(source)
     manifest = read_manifest(ckpt, config_keys=config_keys)
     with torch.device("meta"):
@@ -92,3 +96,13 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
         shutil.rmtree(old, ignore_errors=True)
     return {"checkpoint": str(ckpt), "step": manifest["step"], "tensors": len(state),
             "params": sum(t.numel() for t in state.values()), "out": str(out)}
+
+
+def _is_export(folder: Path) -> bool:
+    """``folder`` is what an earlier ``export --format hf`` wrote (its config.json names where
+    the weights came from), so ``--overwrite`` may replace it."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and all(k in config for k in PROVENANCE)

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from subnetdp.filemode import FILE_MODE
+from subnetdp.filemode import FILE_MODE, append_text
 
 __all__ = [
     "COMM_BYTES",
@@ -62,7 +62,8 @@ class JsonlSink:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: IO[str] | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        # never through a link planted at the name ([Note: no links inside a run folder])
+        self._f: IO[str] | None = append_text(self.path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Write ``{"step": step, "time": <unix seconds>, **metrics}`` as one line (``step``:

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from subnetdp.filemode import write_atomic
 from subnetdp.models import Recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.plan import Plan
@@ -100,4 +101,4 @@ def make_optimizer(
 
 
 def save_plan(plan: Plan, path: Path) -> None:
-    path.write_text(json.dumps(plan.to_dict(), indent=1))
+    write_atomic(path, json.dumps(plan.to_dict(), indent=1))

@@ -9,7 +9,9 @@ nearest option. A run's ``config.json`` records every resolved option and the re
 (``nproc``), so ``--config runs/a/config.json --out runs/b`` replays run ``a``: one without
 ``config_version`` is read as version 1 (``upgrade_config``), and its ``resume`` and
 ``overwrite`` are dropped, so a replay trains from step 0 and never deletes a folder the command
-line did not ask to replace.
+line did not ask to replace. A TOML file setting either is refused: both act on a run folder and
+come from the command line only, and ``--overwrite`` replaces only a folder that the command line
+names with ``--out`` (train_cmd.py), never one that a file names.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if p.suffix == ".toml":
         options = _known(_toml_options(_toml(text, p), where), where, toml=True)
         values = check_field_values(options, where=where)
+        for name in REPLAY_DROPPED:  # a shared file must never replace or continue a run
+            if name in values:
+                raise ValueError(f"{where}: {name} acts on a run folder, so it is taken from "
+                                 f"the command line only; drop it from the file and pass "
+                                 f"--{name}{' RUN' if name == 'resume' else ''} there")
         # a hand-written file is in today's words unless it names its version
         return _upgraded(values, where) if "config_version" in values else values
     if p.suffix != ".json":

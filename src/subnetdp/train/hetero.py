@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from subnetdp.filemode import write_atomic
 from subnetdp.plan import Plan
 from subnetdp.train.config import TrainConfig
 
@@ -75,5 +76,5 @@ def write_budget_plan(cfg: TrainConfig, plan: Plan | None) -> TrainConfig:
         return cfg
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / BUDGET_PLAN).write_text(plan.to_json() + "\n")
+    write_atomic(out / BUDGET_PLAN, plan.to_json() + "\n")
     return dataclasses.replace(cfg, memory_gb=None, plan_file=str(out / BUDGET_PLAN))

@@ -25,6 +25,7 @@ from subnetdp.checkpoint.files import (
     resolve_checkpoint,
     verify_files,
 )
+from subnetdp.filemode import write_atomic
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.config import TrainConfig, config_keys
 from subnetdp.train.data_identity import Recorded, recorded_in
@@ -177,13 +178,7 @@ def truncate_metrics(path: Path, start: int) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= start]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in kept:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept), durable=True)
     return kept
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,9 +26,17 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     # (seconds to a minute); under torchrun there is none, and rank 0 speaks for the run.
     say = _say if cfg.progress and "RANK" not in os.environ else None
     # torch, the models and the trainer load when a run starts, not on import
-    from subnetdp.checkpoint.rundir import check_fresh, hold_run_folder
+    from subnetdp.checkpoint.files import resolve_checkpoint
+    from subnetdp.checkpoint.rundir import (
+        RUN_ENTRIES,
+        check_fresh,
+        check_run_inputs,
+        hold_run_folder,
+        set_aside_newer,
+    )
     from subnetdp.distributed.launch import WorkerFailedError
     from subnetdp.distributed.process_group import under_launcher
+    from subnetdp.filemode import check_no_links, folder_id, write_atomic
     from subnetdp.metrics.progress import LiveBar
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
@@ -41,6 +50,8 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.train.trainer import train_worker
 
     cfg = cfg.resolved()
+    if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
+        check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
     plan = None  # under torchrun every worker makes its own
     if not under_launcher():
         from subnetdp.train.validate import preflight
@@ -63,7 +74,14 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     logs = Path(cfg.out) / "logs"  # every worker's output and the agent's log
     with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext():
         if owner and restart_count() == 0:  # a torchrun restart continues its own folder
-            check_fresh(Path(cfg.out), resume=bool(cfg.resume), overwrite=cfg.overwrite)
+            out = Path(cfg.out)
+            check_no_links(out, RUN_ENTRIES)  # [Note: no links inside a run folder]
+            check_fresh(out, resume=bool(cfg.resume), overwrite=cfg.overwrite,
+                        folder=folder_id(out))
+            aside = set_aside_newer(resolve_checkpoint(cfg.resume)) if cfg.resume else None
+            if aside is not None:
+                print(f"notice: resuming from {cfg.resume}: the run's newer checkpoints were "
+                      f"moved to {aside} (nothing was deleted)", file=sys.stderr, flush=True)
         # --capacities/--memory-gb (train/hetero.py); under torchrun each worker checks them
         check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else cfg.nproc,
                     worker=under_launcher())
@@ -83,13 +101,22 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
                     start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout))
         except WorkerFailedError as e:
             e.log = str(logs / "failure.log")  # the tracebacks; the user sees e.summary
-            Path(e.log).write_text(str(e) + "\n")
+            write_atomic(e.log, str(e) + "\n")
             raise
     stopped = [r["error"] for r in results.values() if isinstance(r, dict) and "error" in r]
     if stopped:
         raise NonFiniteLossError(stopped[0])
     summary_path = Path(cfg.out) / "summary.json"
     return json.loads(summary_path.read_text()) if summary_path.exists() else {}
+
+
+def _inputs(cfg: TrainConfig) -> list[tuple[str, str | None]]:
+    """What a run reads from paths: (option, path); a glob pattern up to its first wildcard."""
+    tokenizer = cfg.tokenizer if cfg.tokenizer != "gpt2" else None
+    files = [("--data-files", re.split(r"[*?\[]", p, maxsplit=1)[0] or ".")
+             for p in cfg.data_files]
+    return [("--data-dir", cfg.data_dir), ("--tokenizer", tokenizer),
+            ("--plan-file", cfg.plan_file), *files]
 
 
 def _say(line: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from subnetdp.checkpoint.checkpointer import RunStoppedError
+from subnetdp.filemode import write_atomic
 
 __all__ = ["MARKER", "RunFolderNotSharedError", "check_shared_folder"]
 
@@ -39,7 +40,7 @@ def check_shared_folder(out: Path, rank: int) -> None:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         token[0] = mine = secrets.token_hex(16)
-        (out / MARKER).write_text(mine)
+        write_atomic(out / MARKER, mine)
     dist.broadcast_object_list(token, src=0)
     try:
         seen = (out / MARKER).read_text() == token[0]
