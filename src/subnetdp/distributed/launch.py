@@ -70,14 +70,14 @@ class WorkerFailedError(RuntimeError):
     def summary(self) -> str:
         """The causing rank's own error line, e.g. ``rank 1: ValueError: ...``: the first to
         fail among those that did not only lose a peer."""
-        order = sorted(self.failures, key=lambda r: (_lost_peer(self.failures[r][1]),
-                                                     r != self.first))
+        # a rank whose own collective timed out names the silent one: that is the cause,
+        # whatever the silent rank reported when it came back to a group that had gone
+        order = sorted(self.failures, key=lambda r: (
+            "CollectiveTimeoutError" not in self.failures[r][1],
+            _lost_peer(self.failures[r][1]), r != self.first))
         rank = order[0]
         code, text = self.failures[rank]
-        last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
-        kind, sep, msg = last.partition(": ")
-        if sep and " " not in kind:  # "pkg.module.SomeError: msg" -> "SomeError: msg"
-            last = f"{kind.rsplit('.', 1)[-1]}: {msg}"
+        last = _cause_line(code, text)
         others = f" (and {len(self.failures) - 1} more rank(s))" if len(self.failures) > 1 \
             else ""
         where = f"; tracebacks in {self.log}" if self.log else ""
@@ -429,7 +429,27 @@ class _Worker:
 
 PEER_GRACE_S = 3.0
 _PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "read error",
-                "broken pipe", "remote worker")
+                "broken pipe", "remote worker", "glhf", "connection was likely closed",
+                "did the remote server shutdown")
+
+
+def _cause_line(code: int, text: str) -> str:
+    """The line that says why a worker ended: its exception's last line, or for a worker
+    ended by a signal (no traceback: torch's text is then a link to its docs) the signal."""
+    sig = -code if code < 0 else code - 128 if code > 128 else 0
+    if sig and (not text.strip() or "pytorch.org" in text or text.startswith("Signal ")):
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        how = "killed by" if code < 0 else "stopped on"
+        return (f"{how} {name} from outside the run (kill, a scheduler or the OOM killer); "
+                "resume with --resume")
+    last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
+    kind, sep, msg = last.partition(": ")
+    if sep and " " not in kind:  # "pkg.module.SomeError: msg" -> "SomeError: msg"
+        last = f"{kind.rsplit('.', 1)[-1]}: {msg}"
+    return last
 
 
 def _lost_peer(text: str) -> bool:
