@@ -37,7 +37,7 @@ def token_ids(tmp_path: Path) -> Path:
     """A --data-dir of pre-tokenised ids with a meta.json that names the vocabulary."""
     root = tmp_path / "ids"
     root.mkdir()
-    (np.arange(4096) % 300).astype(np.uint16).tofile(root / "train.bin")
+    (np.arange(20000) % 300).astype(np.uint16).tofile(root / "train.bin")
     (root / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
     return root
 

@@ -177,3 +177,19 @@ def test_a_full_disk_while_metrics_are_written_names_the_file(
     assert os_error_line(info.value).startswith(f"{path}: No space left on device")
     with pytest.raises(OSError, match=r"rank0\.jsonl"):  # the buffered line, on close
         sink.close()
+
+
+@pytest.mark.parametrize(("builder", "name", "text"), [
+    ("json", "bad.jsonl", '{"text": "one"}\n{"text": "two\n'),
+    ("csv", "bad.csv", 'text,label\n"unclosed,1\n'),
+    ("json", "binary.json", "\x00\x01\xff garbage"),
+])
+def test_a_malformed_dataset_file_is_one_line_naming_it(
+        builder: str, name: str, text: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("datasets")
+    path = tmp_path / name
+    path.write_text(text)
+    code, err = run_cli([*T, "--dataset", builder, "--data-files", str(path), "--out",
+                         str(tmp_path / "out")], capsys)
+    _one_line(code, err, str(path))

@@ -36,6 +36,7 @@ from subnetdp.distributed.process_group import (
     gloo_loopback,
     under_launcher,
 )
+from subnetdp.distributed.timeouts import lost_peer
 from subnetdp.filemode import share
 
 __all__ = [
@@ -74,7 +75,7 @@ class WorkerFailedError(RuntimeError):
         # whatever the silent rank reported when it came back to a group that had gone
         order = sorted(self.failures, key=lambda r: (
             "CollectiveTimeoutError" not in self.failures[r][1],
-            _lost_peer(self.failures[r][1]), r != self.first))
+            lost_peer(self.failures[r][1]), r != self.first))
         rank = order[0]
         code, text = self.failures[rank]
         last = _cause_line(code, text)
@@ -420,7 +421,7 @@ class _Worker:
         try:
             return self.fn(*args)
         except RuntimeError as e:
-            if _lost_peer(str(e)):
+            if lost_peer(str(e)):
                 # A peer failed first; give its own error time to reach the agent, which
                 # reports the failures it has seen when the first worker exits.
                 time.sleep(PEER_GRACE_S)
@@ -428,9 +429,6 @@ class _Worker:
 
 
 PEER_GRACE_S = 3.0
-_PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "read error",
-                "broken pipe", "remote worker", "glhf", "connection was likely closed",
-                "did the remote server shutdown")
 
 
 def _cause_line(code: int, text: str) -> str:
@@ -450,12 +448,6 @@ def _cause_line(code: int, text: str) -> str:
     if sep and " " not in kind:  # "pkg.module.SomeError: msg" -> "SomeError: msg"
         last = f"{kind.rsplit('.', 1)[-1]}: {msg}"
     return last
-
-
-def _lost_peer(text: str) -> bool:
-    """Whether an error only says that another rank went away (gloo/NCCL wording)."""
-    last = text.strip().splitlines()[-1].lower() if text.strip() else ""
-    return any(p in last for p in _PEER_ERRORS)
 
 
 def _failure_text(f: Any) -> str:
