@@ -16,7 +16,14 @@ import pytest
 from subnetdp.checkpoint.files import checkpoints_root, list_checkpoints
 from subnetdp.checkpoint.rundir import RunFolderBusyError, hold_run_folder
 from subnetdp.distributed.lifeline import LAUNCHER_PID_VAR
-from tests.faults.harness import kill_quietly, long_faults, subnetdp, wait_for, worker_pids
+from tests.faults.harness import (
+    REPO,
+    kill_quietly,
+    long_faults,
+    subnetdp,
+    wait_for,
+    worker_pids,
+)
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
@@ -158,3 +165,24 @@ def _resume_ok_fresh(out: Path, steps: int) -> None:
     p = subnetdp([*TRAIN, "--out", str(out), "--overwrite", "--steps", str(steps)])
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
+
+
+def test_the_watchdog_ends_a_worker_whose_launcher_died() -> None:
+    """Where prctl is missing a thread polls the launcher: a process tied to a launcher that
+    ends is SIGKILLed within the poll interval."""
+    import subprocess
+    import sys
+
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    code = ("import time, subnetdp.distributed.lifeline as l\n"
+            "l.set_parent_death_signal = lambda sig=9: False\n"
+            f"l.tie_worker({launcher.pid}); time.sleep(30)")
+    t0 = time.monotonic()
+    worker = subprocess.Popen([sys.executable, "-c", code],
+                              env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    try:
+        launcher.wait()
+        assert worker.wait(timeout=20) == -signal.SIGKILL
+    finally:
+        kill_quietly(worker)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 20
