@@ -62,7 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The raw command line, for commands that must know which options were given explicitly
     # (a resumed run refuses any it cannot honour, even one equal to its default).
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    return int(args.func(args))
+    from subnetdp.commands.boundary import run_command
+
+    return run_command(args)
 
 
 if __name__ == "__main__":

@@ -94,9 +94,14 @@ def load_model_state(path: str | Path, *, config_keys: Collection[str] | None = 
         if meta.get("format") != EXPORT_FORMAT:
             raise ValueError(f"{p} was not written by `subnetdp export` (no recipe/config in "
                              "its metadata); evaluate the run's checkpoint instead")
-        info = {"recipe": meta["recipe"], "model_overrides": json.loads(meta["model_overrides"]),
-                "config": json.loads(meta["config"]), "step": int(meta["step"]),
-                "data": json.loads(meta.get("data", "{}"))}
+        try:
+            info = {"recipe": meta["recipe"],
+                    "model_overrides": json.loads(meta["model_overrides"]),
+                    "config": json.loads(meta["config"]), "step": int(meta["step"]),
+                    "data": json.loads(meta.get("data", "{}"))}
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{p}: its subnetdp metadata is damaged ({type(e).__name__}: "
+                             f"{e}); export the run's checkpoint again") from None
         return state, info
     ckpt = resolve_checkpoint(p)
     manifest = read_manifest(ckpt, config_keys=config_keys)

@@ -6,11 +6,14 @@ rank writes) takes an exclusive ``flock`` on ``<out>/.subnetdp.lock`` for the wh
 elastic restarts and shrinks included, and writes its pid, host and start time into it. A
 second run into the same folder is refused with a message naming that holder. A lock left by a
 dead process is no lock: the kernel drops ``flock`` locks when their holder dies, so the next
-run simply takes it (forked workers inherit the descriptor, so orphaned workers of a killed
-launcher still hold it: the folder is still being written). The file is unlinked while still
-locked; a taker re-checks that the path still names the inode it locked, so two runs can never
-each hold a different file. A new run (no ``--resume``) into a folder that holds any earlier
-run's files is refused unless ``--overwrite``, which deletes exactly those files first.
+run simply takes it. Every worker holds a duplicate of the launcher's descriptor (``launch``'s
+``hold_fd``), so the lock lasts until the last process of the run has ended: after a
+``kill -9`` of the launcher its workers die within moments ([Note: workers die with their
+launcher] in distributed/lifeline.py), and only then is the folder free. The file is unlinked
+while still locked; a taker re-checks that the path still names the inode it locked, so two
+runs can never each hold a different file. A new run (no ``--resume``) into a folder that
+holds any earlier run's files is refused unless ``--overwrite``, which deletes exactly those
+files first.
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ class RunFolderBusyError(CheckpointError):
 
 
 @contextlib.contextmanager
-def hold_run_folder(out: Path) -> Iterator[None]:
-    """Hold ``out``'s lock for the block ([Note: run-folder ownership])."""
+def hold_run_folder(out: Path) -> Iterator[int]:
+    """Hold ``out``'s lock for the block ([Note: run-folder ownership]); yields the locked
+    descriptor, for the workers to hold too."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK
     while True:
@@ -75,7 +79,7 @@ def hold_run_folder(out: Path) -> Iterator[None]:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
-        yield
+        yield fd
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)

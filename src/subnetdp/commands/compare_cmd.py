@@ -83,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
         if args.downstream_limit is not None and args.downstream_limit < 1:
             raise ValueError(f"--downstream-limit must be >= 1, got {args.downstream_limit}")
         suite = select(base, tasks=tasks, seeds=args.seeds, steps=args.steps)
+        for flag, folder in (("--runs", runs), ("--out", out)):  # before hours of training
+            there = next(p for p in (folder, *folder.parents) if p.exists())
+            if not there.is_dir():
+                raise ValueError(f"{flag} {folder}: {there} is a file, not a folder; pick "
+                                 f"another {flag}")
         from subnetdp.checkpoint.rundir import check_output
 
         check_output(runs, flag="--runs")  # its cells' folders are replaced when unfinished

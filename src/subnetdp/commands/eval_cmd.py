@@ -44,9 +44,18 @@ def add_parser(subparsers: Any) -> None:
                         "only)")
 
 
+# options of downstream evaluation only: without --tasks they would be ignored
+TASKS_ONLY = ("limit", "out")
+
+
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
 
+    given = [f"--{name}" for name in TASKS_ONLY if getattr(args, name) is not None]
+    if args.tasks is None and given:
+        print(f"subnetdp eval: {given[0]} has no effect without --tasks (it applies to "
+              "downstream evaluation only); drop it, or add --tasks", file=sys.stderr)
+        return 2
     if args.tasks is not None:
         return run_downstream(args)
     from subnetdp.evals.validation import evaluate_path

@@ -218,14 +218,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                              f"{from_file['out']} comes from --config {args.config}, so add "
                              f"--out {from_file['out']} to replace it (nothing was changed)")
         values = merge_config(from_file, values, explicit)
+    from subnetdp.train.applies import check_applicable
+
     if values.get("resume"):
         from subnetdp.train.resume import resume_config
 
-        return resume_config(values["resume"], values, _explicit_options(args))
+        cfg = resume_config(values["resume"], values, _explicit_options(args))
+        check_applicable(cfg, only=_explicit_options(args))  # the run's own values stand
+        return cfg
     values.setdefault("nproc", 4)
     if values.get("out") is None:
         values["out"] = f"runs/{values['recipe']}-{values['strategy']}"
-    return TrainConfig(**values)
+    cfg = TrainConfig(**values)
+    check_applicable(cfg)
+    return cfg
 
 
 def _explicit_options(args: argparse.Namespace) -> set[str]:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,14 @@ import torch
 import torch.distributed as dist
 
 from subnetdp._moved import moved_name
+from subnetdp.distributed.lifeline import LAUNCHER_PID_VAR, tie_worker
 from subnetdp.distributed.process_group import (
     LAUNCHER_VARS,
     default_env,
     gloo_loopback,
     under_launcher,
 )
+from subnetdp.distributed.timeouts import lost_peer
 from subnetdp.filemode import append_text, share
 
 __all__ = [
@@ -68,14 +71,14 @@ class WorkerFailedError(RuntimeError):
     def summary(self) -> str:
         """The causing rank's own error line, e.g. ``rank 1: ValueError: ...``: the first to
         fail among those that did not only lose a peer."""
-        order = sorted(self.failures, key=lambda r: (_lost_peer(self.failures[r][1]),
-                                                     r != self.first))
+        # a rank whose own collective timed out names the silent one: that is the cause,
+        # whatever the silent rank reported when it came back to a group that had gone
+        order = sorted(self.failures, key=lambda r: (
+            "CollectiveTimeoutError" not in self.failures[r][1],
+            lost_peer(self.failures[r][1]), r != self.first))
         rank = order[0]
         code, text = self.failures[rank]
-        last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
-        kind, sep, msg = last.partition(": ")
-        if sep and " " not in kind:  # "pkg.module.SomeError: msg" -> "SomeError: msg"
-            last = f"{kind.rsplit('.', 1)[-1]}: {msg}"
+        last = _cause_line(code, text)
         others = f" (and {len(self.failures) - 1} more rank(s))" if len(self.failures) > 1 \
             else ""
         where = f"; tracebacks in {self.log}" if self.log else ""
@@ -120,6 +123,7 @@ def launch(
     start_method: str | None = None,
     start_timeout: float = 300.0,
     tee_rank0: bool = False,
+    hold_fd: int | None = None,
 ) -> dict[int, Any]:
     """Run ``fn(*args)`` in ``nproc`` local processes and return ``{rank: fn's return value}``.
 
@@ -132,7 +136,10 @@ def launch(
     worker's stdout/stderr and the elastic agent's log go to files there instead of this
     terminal (``tee_rank0``: rank 0's stdout also here). ``max_restarts`` restarts the whole
     group that many times. A worker that has not started running ``fn`` after
-    ``start_timeout`` seconds stops the group.
+    ``start_timeout`` seconds stops the group. Workers die with this process, even when it is
+    killed by SIGKILL ([Note: workers die with their launcher]); ``hold_fd``: an open file
+    every worker holds a duplicate of until it ends (a run folder's lock: the lock then lasts
+    as long as any process of the run can write).
 
     Raises ``WorkerFailedError`` naming the failed rank(s), exit code and traceback,
     ``WorkerStartTimeoutError`` naming the ranks that did not start, and
@@ -164,8 +171,8 @@ def launch(
         # The server imports torch and fn's module once, when it starts (the first launch of
         # this process); each worker then forks from it (fast, and clean).
         multiprocessing.set_forkserver_preload(
-            ["__main__", "torch", "torch._dynamo", "torch.distributed",
-             getattr(fn, "__module__", "torch")])
+            ["__main__", "subnetdp.distributed._fork_server", "torch", "torch._dynamo",
+             "torch.distributed", getattr(fn, "__module__", "torch")])
     port = free_port()
     logs = _shared_logs(DefaultLogsSpecs)(
         log_dir=log_dir,
@@ -199,11 +206,13 @@ def launch(
     with (
         _preserved_process_state(),
         default_env(OMP_NUM_THREADS="1", **restart_env),
+        _launcher_pid(),
         _gc_paused(start_method == "fork") as gc_was_enabled,
         _agent_log(log_dir),
         _StartWatch(nproc, start_timeout) as watch,
     ):
-        entry = _Worker(fn, watch.folder, gc_was_enabled if start_method == "fork" else None)
+        entry = _Worker(fn, watch.folder, gc_was_enabled if start_method == "fork" else None,
+                        hold_fd)
         try:
             return dict(elastic_launch(config, entry)(*args))
         except ChildFailedError as e:
@@ -290,6 +299,21 @@ class _StartWatch:
 
 
 @contextlib.contextmanager
+def _launcher_pid() -> Iterator[None]:
+    """This process's pid in ``LAUNCHER_PID_VAR`` for the fork server it may start (an
+    inherited value would name another process)."""
+    saved = os.environ.get(LAUNCHER_PID_VAR)
+    os.environ[LAUNCHER_PID_VAR] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(LAUNCHER_PID_VAR, None)
+        else:
+            os.environ[LAUNCHER_PID_VAR] = saved
+
+
+@contextlib.contextmanager
 def _agent_log(log_dir: str | None) -> Iterator[None]:
     """The elastic agent's own log (start-up, failures with every rank's traceback, shutdown)
     goes to ``log_dir/agent.log`` instead of this terminal; without ``log_dir`` it stays."""
@@ -353,15 +377,18 @@ _AGENT_VARS = frozenset({
 
 
 class _Worker:
-    """A worker's entry point: take the launch's environment, mark the start for
-    ``_StartWatch``, then run ``fn``. Forked (``gc_enabled`` not None): first freeze the
-    inherited objects."""
+    """A worker's entry point: die with the launcher, take the launch's environment, mark the
+    start for ``_StartWatch``, then run ``fn``. Forked (``gc_enabled`` not None): first freeze
+    the inherited objects. ``hold_fd`` travels as a duplicate (``DupFd``) that the worker keeps
+    open until it ends."""
 
     def __init__(self, fn: Callable[..., Any], start_folder: str,
-                 gc_enabled: bool | None) -> None:
+                 gc_enabled: bool | None, hold_fd: int | None = None) -> None:
         self.fn = fn
         self.start_folder = start_folder
         self.gc_enabled = gc_enabled
+        self.launcher = os.getpid()
+        self.hold_fd: Any = hold_fd
         # A fork server's children inherit the environment of the server's start (this
         # process's first launch), not this one's: a variable set since (NCCL_DEBUG, say)
         # would be missing. Values that torch read when the server imported it stay.
@@ -373,7 +400,19 @@ class _Worker:
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self.hold_fd is not None:  # pickled for a spawned or fork-server child
+            state["hold_fd"] = reduction.DupFd(self.hold_fd)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.hold_fd is not None:
+            self.hold_fd = self.hold_fd.detach()  # an fd of this process, open until it ends
+
     def __call__(self, *args: Any) -> Any:
+        tie_worker(self.launcher)
         os.environ.update(self.env)
         if self.gc_enabled is not None:
             gc.freeze()
@@ -384,7 +423,7 @@ class _Worker:
         try:
             return self.fn(*args)
         except RuntimeError as e:
-            if _lost_peer(str(e)):
+            if lost_peer(str(e)):
                 # A peer failed first; give its own error time to reach the agent, which
                 # reports the failures it has seen when the first worker exits.
                 time.sleep(PEER_GRACE_S)
@@ -392,14 +431,25 @@ class _Worker:
 
 
 PEER_GRACE_S = 3.0
-_PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "read error",
-                "broken pipe", "remote worker")
 
 
-def _lost_peer(text: str) -> bool:
-    """Whether an error only says that another rank went away (gloo/NCCL wording)."""
-    last = text.strip().splitlines()[-1].lower() if text.strip() else ""
-    return any(p in last for p in _PEER_ERRORS)
+def _cause_line(code: int, text: str) -> str:
+    """The line that says why a worker ended: its exception's last line, or for a worker
+    ended by a signal (no traceback: torch's text is then a link to its docs) the signal."""
+    sig = -code if code < 0 else code - 128 if code > 128 else 0
+    if sig and (not text.strip() or "pytorch.org" in text or text.startswith("Signal ")):
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        how = "killed by" if code < 0 else "stopped on"
+        return (f"{how} {name} from outside the run (kill, a scheduler or the OOM killer); "
+                "resume with --resume")
+    last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
+    kind, sep, msg = last.partition(": ")
+    if sep and " " not in kind:  # "pkg.module.SomeError: msg" -> "SomeError: msg"
+        last = f"{kind.rsplit('.', 1)[-1]}: {msg}"
+    return last
 
 
 def _failure_text(f: Any) -> str:

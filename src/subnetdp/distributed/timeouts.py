@@ -24,6 +24,7 @@ from torch.distributed import distributed_c10d as c10d
 
 __all__ = [
     "CollectiveTimeoutError",
+    "lost_peer",
     "naming_silent_ranks",
     "set_timeout",
     "slow_phase",
@@ -72,16 +73,38 @@ def _is_timeout(e: BaseException) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+_PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "read error",
+                "broken pipe", "remote worker", "glhf", "connection was likely closed",
+                "did the remote server shutdown")
+
+
+def lost_peer(text: str) -> bool:
+    """Whether an error only says that another rank went away (gloo/NCCL wording)."""
+    last = text.strip().splitlines()[-1].lower() if text.strip() else ""
+    return any(p in last for p in _PEER_ERRORS)
+
+
 @contextlib.contextmanager
 def naming_silent_ranks(rank: int, world: int) -> Iterator[None]:
-    """Re-raise a collective timeout inside the block as ``CollectiveTimeoutError``."""
+    """Re-raise a collective timeout inside the block as ``CollectiveTimeoutError``; so too
+    the lost connection of a rank that was too slow (a peer's timeout mark is in the store:
+    the peer gave up waiting for this rank, which is the cause, not the peer)."""
     try:
         yield
     except RuntimeError as e:
-        if isinstance(e, CollectiveTimeoutError) or not _is_timeout(e) or world < 2:
+        if isinstance(e, CollectiveTimeoutError) or world < 2:
             raise
-        silent = _silent_ranks(rank, world)
         waited = f"{_current_s:g} s" if _current_s is not None else "its timeout"
+        if not _is_timeout(e):
+            waiting = _marked_ranks(world) if lost_peer(str(e)) else []
+            if not waiting:
+                raise
+            raise CollectiveTimeoutError(
+                f"rank(s) [{rank}] stopped answering: rank(s) {waiting} waited {waited} for it "
+                "in a collective (--collective-timeout) and the group stopped. Raise "
+                "--collective-timeout if a step legitimately takes that long; resume from the "
+                "newest checkpoint with --resume") from e
+        silent = _silent_ranks(rank, world)
         if silent:
             what = (f"rank(s) {silent} stopped answering: rank {rank} waited {waited} in a "
                     "collective (--collective-timeout) and the group stopped")
@@ -93,6 +116,19 @@ def naming_silent_ranks(rank: int, world: int) -> Iterator[None]:
             "resume from the newest checkpoint with --resume") from e
 
 
+def _mark_prefix() -> str:
+    return f"subnetdp/timeout/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+
+
+def _marked_ranks(world: int) -> list[int]:
+    """Ranks that timed out in a collective and left their mark (best effort: [])."""
+    try:
+        store = c10d._get_default_store()
+        return [r for r in range(world) if store.check([f"{_mark_prefix()}{r}"])]
+    except (RuntimeError, ValueError, dist.DistError):
+        return []
+
+
 def _silent_ranks(rank: int, world: int) -> list[int]:
     """Ranks that left no timeout mark within ``_MARK_WAIT_S`` (best effort: [] if the
     store is unreachable)."""
@@ -100,7 +136,7 @@ def _silent_ranks(rank: int, world: int) -> list[int]:
         store = c10d._get_default_store()
     except (RuntimeError, ValueError):
         return []
-    prefix = f"subnetdp/timeout/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    prefix = _mark_prefix()
     try:
         store.set(f"{prefix}{rank}", "1")
         deadline = time.monotonic() + _MARK_WAIT_S

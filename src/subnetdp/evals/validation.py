@@ -5,6 +5,7 @@ built from the recipe, loaded strictly with the full state, on the run's own val
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 __all__ = ["evaluate_path"]
 
@@ -22,6 +23,10 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
     from subnetdp.train.tasks import make_task
 
     state, info = load_model_state(path, config_keys=config_keys())
+    newer = sorted(set(info["config"]) - config_keys())  # a checkpoint's manifest is checked
+    if newer:
+        raise ValueError(f"{path} records option(s) {', '.join(newer)} that this subnetdp does "
+                         "not know: it was written by a newer subnetdp; upgrade subnetdp")
     cfg = TrainConfig.from_dict(info["config"])
     if eval_batches is not None:
         if eval_batches < 1:
@@ -35,6 +40,20 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
     device_name(cfg.device)  # the run's own cuda, evaluated where there is none: one line
     dev = run_device(cfg)
     model = get_recipe(info["recipe"]).build_model(**info["model_overrides"])
+    missing, unexpected = _mismatch(model.state_dict(), state)
+    if missing or unexpected:
+        what = "; ".join(f"{label} {', '.join(keys[:3])}" for label, keys in (
+            ("missing or misshapen", missing), ("unexpected", unexpected)) if keys)
+        raise ValueError(f"{path} does not hold the {info['recipe']} model its metadata "
+                         f"describes: {what}; export the run's checkpoint again")
     model.load_state_dict(state)
     result = make_task(cfg, recorded).evaluate(model.to(dev), dev)
     return {"step": float(info["step"]), **result}
+
+
+def _mismatch(expected: dict[str, Any], state: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Tensors the model has that ``state`` lacks (or holds in another shape), and extra
+    ones."""
+    missing = sorted(k for k, v in expected.items()
+                     if k not in state or tuple(state[k].shape) != tuple(v.shape))
+    return missing, sorted(set(state) - set(expected))

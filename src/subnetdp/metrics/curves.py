@@ -19,8 +19,18 @@ def run_curves(run: Path) -> dict[str, list[tuple[int, float]]]:
     rows = read_jsonl(path)
     val = read_jsonl(val_jsonl_path(run)) if val_jsonl_path(run).exists() else []
 
+    for name, records in ((path, rows), (val_jsonl_path(run), val)):
+        bad = next((r for r in records if type(r.get("step")) is not int), None)
+        if bad is not None:
+            raise ValueError(f"{name}: a record without a whole step number ({bad}); fix or "
+                             "delete that line")
+
     def series(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
-        return [(int(r["step"]), float(r[key])) for r in records if r.get(key) is not None]
+        try:
+            return [(r["step"], float(r[key])) for r in records if r.get(key) is not None]
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{run}: a metrics record's {key} is not a number ({e}); fix or "
+                             "delete that line") from None
 
     # runs from before the all-rank loss existed: rank 0's own
     train_key = GLOBAL_AVG_LOSS if any(GLOBAL_AVG_LOSS in r for r in rows) else "loss"
@@ -38,6 +48,9 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     fig, (ax_loss, ax_mem) = plt.subplots(1, 2, figsize=(11, 4))
     for run in runs:
         curves = run_curves(run)
+        if not curves["train"]:
+            raise ValueError(f"{rank_jsonl_path(run, 0)} holds no training loss; pass a run "
+                             "that trained at least --log-every steps")
         line, = ax_loss.plot(*zip(*curves["train"], strict=True), label=f"{run.name} train")
         if curves["val"]:
             ax_loss.plot(*zip(*curves["val"], strict=True), "o--", color=line.get_color(),

@@ -7,12 +7,14 @@ rather than string literals so that plots and comparisons find the same keys.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -71,13 +73,27 @@ class JsonlSink:
         if self._f is None:
             raise ValueError(f"JsonlSink({self.path}) is closed; create a new sink to log again")
         record = {"step": int(step), "time": time.time(), **metrics}
-        self._f.write(_dumps(record) + "\n")
-        self._f.flush()
+        with self._naming_the_file():
+            self._f.write(_dumps(record) + "\n")
+            self._f.flush()
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            with self._naming_the_file():
+                f.close()
+
+    @contextlib.contextmanager
+    def _naming_the_file(self) -> Iterator[None]:
+        """A failed write (a full disk) names this file and says the fix (the OS error of a
+        write names no file)."""
+        try:
+            yield
+        except OSError as e:
+            if e.filename is not None:
+                raise
+            raise OSError(e.errno, f"{e.strerror} while writing metrics; free space there, or "
+                                   "train into another --out", str(self.path)) from None
 
     def __enter__(self) -> JsonlSink:
         return self
@@ -92,16 +108,29 @@ class JsonlSink:
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All records of a JSONL file; a torn last line (run killed mid-write) is skipped."""
+    """All records of a JSONL file; a torn last line (run killed mid-write: no newline) is
+    skipped. Any other line that is not a JSON object raises ``ValueError`` naming the file and
+    the line: a damaged record is never silently left out of a curve."""
     out: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    torn = lines.pop()  # after the last newline: empty, or a line cut short
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}, line {number}: not a metrics record (a JSON object): "
+                             f"{line[:60]!r}; fix or delete that line")
+        out.append(record)
+    if torn.strip():
+        with contextlib.suppress(json.JSONDecodeError):
+            record = json.loads(torn)
+            if isinstance(record, dict):  # complete, only its newline is missing
+                out.append(record)
     return out
 
 

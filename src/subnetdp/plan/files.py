@@ -66,5 +66,5 @@ def _load(path: str) -> Any:
             return json.load(f)
     except OSError as e:
         raise PlanError(f"cannot read --plan-file {path}: {e.strerror}") from e
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PlanError(f"--plan-file {path} is not valid JSON: {e}") from e

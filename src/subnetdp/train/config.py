@@ -125,9 +125,12 @@ class TrainConfig:
         recipe = get_recipe(self.recipe)
         d = recipe.defaults
         cfg = dataclasses.replace(self)
+        from subnetdp.train.applies import applies
+
         for name in ("batch_size", "seq_len", "lr", "warmup", "weight_decay", "grad_clip",
                      "vocab_size"):
-            if getattr(cfg, name) is None:
+            # a run records only values that act on it (a replay would refuse the others)
+            if getattr(cfg, name) is None and applies(cfg, name):
                 setattr(cfg, name, d.get(name))
         if cfg.warmup is None:
             cfg.warmup = 0
@@ -236,8 +239,12 @@ class TrainConfig:
         check_sinks(tensorboard=self.tensorboard, wandb=self.wandb or bool(self.wandb_project))
         if self.eval_every < 0:
             bad(f"--eval-every must be >= 0 (0 = at the end only), got {self.eval_every}")
-        if self.peak_tflops is not None and self.peak_tflops <= 0:
-            bad(f"--peak-tflops must be > 0, got {self.peak_tflops}")
+        if self.peak_tflops is not None and not (math.isfinite(self.peak_tflops)
+                                                 and self.peak_tflops > 0):
+            bad(f"--peak-tflops must be a finite number > 0, got {self.peak_tflops}")
+        if self.wandb_project is not None and not self.wandb_project.strip():
+            bad("--wandb-project needs a project name, got an empty one; drop it for the "
+                "default (subnetdp)")
         if (self.dataset or self.data_files) and self.data_dir:
             bad("--dataset/--data-files and --data-dir are two sources of text; pick one")
 

@@ -40,6 +40,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--config {p} cannot be read ({e})") from None
     where = f"--config {p}"
+    if not text.strip():
+        raise ValueError(f"{where} is empty: it sets no option; give a TOML file of train "
+                         "options or a run's config.json")
     if p.suffix == ".toml":
         options = _known(_toml_options(_toml(text, p), where), where, toml=True)
         values = check_field_values(options, where=where)

@@ -72,7 +72,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
     owner = not under_launcher() or os.environ.get("RANK") == "0"
     logs = Path(cfg.out) / "logs"  # every worker's output and the agent's log
-    with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext():
+    with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext() as lock:
         if owner and restart_count() == 0:  # a torchrun restart continues its own folder
             out = Path(cfg.out)
             check_no_links(out, RUN_ENTRIES)  # [Note: no links inside a run folder]
@@ -98,7 +98,8 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
                 results = launch_shrinking(
                     train_worker, cfg, plan=plan, run_id=run_id, start_method=start_method,
                     log_dir=str(logs), tee_rank0=not live,
-                    start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout))
+                    start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout),
+                    hold_fd=lock)
         except WorkerFailedError as e:
             e.log = str(logs / "failure.log")  # the tracebacks; the user sees e.summary
             write_atomic(e.log, str(e) + "\n")

@@ -1,0 +1,61 @@
+"""The one error boundary of every command: what escapes a command's own handling still ends
+as one line that names the file and says the fix, never a traceback (issue 27).
+
+A command refuses what it knows with its own words first; ``run_command`` catches the rest:
+an ``OSError`` is told by its file and errno (``os_error_line``), a ``ValueError`` by its own
+message, and anything else is a bug in subnetdp, whose traceback goes to a file named in the
+line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+import tempfile
+import traceback
+
+__all__ = ["os_error_line", "run_command"]
+
+_FIXES = {
+    errno.ENOSPC: "free space on that disk, or write somewhere else",
+    errno.EDQUOT: "free space in your quota, or write somewhere else",
+    errno.EROFS: "that file system is read-only; write somewhere else",
+    errno.EACCES: "check its permissions, or use another path",
+    errno.EPERM: "check its permissions, or use another path",
+    errno.ENOENT: "check the path",
+    errno.ENOTDIR: "a part of that path is a file, not a folder; use another path",
+    errno.EISDIR: "it is a folder; give a file",
+    errno.ENAMETOOLONG: "use a shorter path",
+}
+
+
+def os_error_line(e: OSError) -> str:
+    """``path: what happened; the fix`` for an ``OSError`` (the path when it has one)."""
+    where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    what = e.strerror or str(e)
+    fix = _FIXES.get(e.errno or 0)
+    return f"{where + ': ' if where else ''}{what}{'; ' + fix if fix else ''}"
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``args.func(args)``, with every error it lets escape turned into one line on stderr:
+    exit code 2 for a file or value the command could not use, 1 for a bug (its traceback is
+    written to a file that the line names)."""
+    name = f"subnetdp {args.command}"
+    try:
+        return int(args.func(args))
+    except OSError as e:
+        print(f"{name}: {os_error_line(e)}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug: its traceback goes to a file, the user gets one line
+        fd, path = tempfile.mkstemp(prefix="subnetdp-error-", suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            traceback.print_exc(file=f)
+        print(f"{name}: internal error {type(e).__name__}: {e}; please report it with the "
+              f"traceback in {path}", file=sys.stderr)
+        return 1
