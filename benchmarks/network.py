@@ -152,6 +152,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def pivot(rows: list[dict[str, Any]]) -> str:
+    """Median step per layout and strategy, and the issue's ratios."""
+    ratios = (("b-sdp", "ddp"), ("b-sdp+fsdp", "ddp"), ("b-sdp+fsdp", "fsdp"))
+    out = ["| link | nodes | " + " | ".join(STRATEGIES) + " | "
+           + " | ".join(f"{a} / {b}" for a, b in ratios) + " |",
+           "|" + "---|" * (2 + len(STRATEGIES) + len(ratios))]
+    for rate, nodes in _layouts(rows):
+        step = {r["strategy"]: r["step_s_median"] for r in rows
+                if r["link"]["rate_mbit"] == rate and r["nodes"] == nodes}
+        first = next(r for r in rows if r["link"]["rate_mbit"] == rate and r["nodes"] == nodes)
+        out.append(f"| {_speed(first)} | {nodes} | "
+                   + " | ".join(f"{step[s]:.2f}" if s in step else "-" for s in STRATEGIES)
+                   + " | " + " | ".join(f"{step[a] / step[b]:.2f}" if a in step and b in step
+                                        else "-" for a, b in ratios) + " |")
+    return "\n".join(out)
+
+
 def plot(rows: list[dict[str, Any]]) -> None:
     import matplotlib
 
@@ -209,7 +226,9 @@ def report() -> None:
         "veth is throttled at both ends (the rate per direction per node, full duplex); "
         "ranks of one node talk over their own loopback, unthrottled. Ring bytes are those "
         "the busiest rank sends per step (counted by the reducers).", "",
-        table(rows), "", "![step time vs link speed](network.png)", "", MEASURED_END])
+        "Median step (s) per layout, and the ratios the issue quotes:", "", pivot(rows), "",
+        "Every row:", "", table(rows), "", "![step time vs link speed](network.png)", "",
+        MEASURED_END])
     text = DOC.read_text() if DOC.exists() else (
         "# Step time on emulated networks\n\n" + MEASURED_BEGIN + "\n" + MEASURED_END + "\n\n"
         "## Model\n\n<!-- model section: estimate.steptime's predictions against the "

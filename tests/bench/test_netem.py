@@ -25,13 +25,17 @@ ROOT_AND_TOOLS = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "tc")
 needs_root = pytest.mark.skipif(not ROOT_AND_TOOLS, reason="needs root and iproute2 (ip, tc)")
 
 
-def host_state() -> tuple[str, ...]:
-    """What a run must leave as it found it: namespaces, this namespace's qdiscs and links."""
+def host_state(pid: int | None = None) -> tuple[str, ...]:
+    """What a run must leave as it found it: namespaces, this namespace's qdiscs and links.
+    Namespaces of other benchmark runs (other pids than ``pid``, default this process's),
+    which may come and go meanwhile, are left out."""
     def out(*cmd: str) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
-    return (out("ip", "netns", "list"), out("tc", "qdisc", "show"),
-            out("ip", "-o", "link", "show"))
+    ours = f"{netem.PREFIX}{os.getpid() if pid is None else pid}-"
+    names = [n for n in out("ip", "netns", "list").splitlines()
+             if not n.startswith(netem.PREFIX) or n.startswith(ours)]
+    return ("\n".join(names), out("tc", "qdisc", "show"), out("ip", "-o", "link", "show"))
 
 
 def test_parse_link() -> None:
@@ -140,9 +144,10 @@ def test_stale_namespaces_of_dead_runs_are_removed() -> None:
 
 @needs_root
 def test_sigint_removes_everything(tmp_path: Any) -> None:
-    before = host_state()
-    code = ("from tests.bench.test_netem import sleeper; from subnetdp.bench.netem import *; "
-            "Network(Layout(Link(50e6), nodes=2), world=2).__enter__().run(sleeper, (60,))")
+    code = ("from tests.bench.test_netem import sleeper; from subnetdp.bench.netem import *\n"
+            "with Network(Layout(Link(50e6), nodes=2), world=2) as net:\n"
+            "    net.run(sleeper, (60,))")
+    before = host_state(-1)  # no namespace of the run to come exists yet
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd())
     deadline = time.monotonic() + 60
     while not any(n.startswith(f"{netem.PREFIX}{proc.pid}-") for n in netem.our_namespaces()):
@@ -151,7 +156,7 @@ def test_sigint_removes_everything(tmp_path: Any) -> None:
     time.sleep(1.0)  # the child is up inside the hub
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=90) != 0
-    assert host_state() == before
+    assert host_state(proc.pid) == before
 
 
 # -- one short emulated run --------------------------------------------------------------------
@@ -171,7 +176,7 @@ def test_throttled_step_is_bounded_by_its_bytes() -> None:
                          network=Layout(Link(50e6)))
     assert host_state() == before
     link = out["network"]["links"]["link"]
-    assert 35 < link["mbit"] < 52, link
+    assert 40 < link["mbit"] < 53, link  # tbf's initial bucket: at most 4% over
     row = out["rows"]["ddp"]
     # both ranks' ring traffic crosses the one shared link
     wire_s = 2 * row["comm"]["comm/ring_bytes_per_step"] * 8 / (link["mbit"] * 1e6)

@@ -212,9 +212,10 @@ class Network:
         self.nodes = ([self.hub] if layout.nodes == 1
                       else [f"{tag}-n{k}" for k in range(layout.nodes)])
         self.made: list[str] = []
-        # about a second of transfer at the nominal rate, 4 to 32 MiB
+        # about two seconds of transfer at the nominal rate, 8 to 32 MiB: tbf's 512 KiB
+        # bucket, full at the start, then adds at most 4%
         rate = layout.link.rate_bit
-        probe = 32 * 2**20 if rate is None else int(min(max(rate / 8, 4 * 2**20), 32 * 2**20))
+        probe = 32 * 2**20 if rate is None else int(min(max(rate / 4, 8 * 2**20), 32 * 2**20))
         self.placement = Placement(tuple(self.nodes), world // layout.nodes, probe)
 
     def __enter__(self) -> Network:
