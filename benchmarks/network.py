@@ -135,8 +135,8 @@ def _layouts(rows: list[dict[str, Any]]) -> list[tuple[float | None, int]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     out = ["| link | nodes | measured Mbit/s | RTT ms | strategy | step s (median) | slowest "
-           "rank s | compute s | exposed comm s | / ddp | ring MB/rank | ring / ddp |",
-           "|" + "---|" * 12]
+           "rank s | compute s | exposed comm s | / ddp | ring MB/rank | ring / ddp | wire s "
+           "| exposed / wire |", "|" + "---|" * 14]
     for rate, nodes in _layouts(rows):
         group = [r for r in rows if r["link"]["rate_mbit"] == rate and r["nodes"] == nodes]
         ddp = next((r for r in group if r["strategy"] == "ddp"), None)
@@ -147,9 +147,17 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"{r['compute_s']:.3f} | {r['exposed_comm_s']:.3f} | "
                 + (f"{r['step_s_median'] / ddp['step_s_median']:.2f} | " if ddp else "- | ")
                 + f"{r['ring_bytes_per_rank'] / 1e6:.1f} | "
-                + (f"{r['ring_bytes_per_rank'] / ddp['ring_bytes_per_rank']:.2f} |"
-                   if ddp else "- |"))
+                + (f"{r['ring_bytes_per_rank'] / ddp['ring_bytes_per_rank']:.2f} | "
+                   if ddp else "- | ") + _wire(r))
     return "\n".join(out)
+
+
+def _wire(r: dict[str, Any]) -> str:
+    """Shared link: every rank's counted ring bytes cross the one link at the measured rate."""
+    if r["nodes"] != 1:
+        return "- | - |"
+    wire = r["nproc"] * r["ring_bytes_per_rank"] * 8 / (r["measured_mbit"] * 1e6)
+    return f"{wire:.3f} | {r['exposed_comm_s'] / wire:.2f} |"
 
 
 def pivot(rows: list[dict[str, Any]]) -> str:
