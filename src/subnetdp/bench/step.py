@@ -6,7 +6,10 @@ steps *interleaved* (step i of every strategy, rotating which goes first), so ma
 hits all strategies alike. Per strategy and rank it returns the step times after warm-up
 (forward + backward + reduction + optimizer step), the memory of one steady-state step measured
 with ``metrics.memory.measure_step_memory`` (and ``torch.cuda.max_memory_allocated`` on GPU),
-and the bytes the reducers counted (``metrics.comm.comm_record``).
+and the bytes the reducers counted (``metrics.comm.comm_record``). With ``compute=True`` the
+same workers then time every strategy again over torch's fake process group (communication
+off); with ``network=`` they run on an emulated network (``bench.netem``) and measure its link
+first.
 """
 
 from __future__ import annotations
