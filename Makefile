@@ -10,7 +10,8 @@ STAMP := $(VENV)/.setup-done
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-faults lint bench bench-balanced study study-long clean
+.PHONY: setup demo test test-faults lint bench bench-balanced study study-long clean \
+	bench-network
 
 setup: $(STAMP)
 
@@ -80,6 +81,13 @@ bench: $(STAMP)
 # (compute-time stragglers, quality); about 20 min on a shared 2-core machine.
 bench-balanced: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/balanced.py
+
+# Step time on emulated networks (issue 29; root and iproute2): every strategy, 4 workers,
+# shared links unthrottled / 1 Gbit/s / 300 / 100 Mbit/s and 2 nodes at 1 Gbit/s and 300 Mbit/s;
+# resumable (benchmarks/results/network_measured.json), then docs/results/network.{md,png}.
+# About an hour on a shared 2-core machine. `python benchmarks/network.py --report`: the doc only.
+bench-network: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/network.py
 
 # The quality study (docs/results/quality.md): every strategy and the DDP stochastic-depth /
 # dropout baselines at C = 0.75, 0.5, 0.375, step- and FLOP-matched, 3 seeds, on llama-tiny and

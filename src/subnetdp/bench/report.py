@@ -47,9 +47,15 @@ def _with_ddp_base(rows: list[dict[str, Any]]) -> Any:
 
 
 def step_table(summary: dict[str, Any]) -> str:
-    """Markdown of a step benchmark: time, ratio, measured vs estimated memory, counted comm."""
-    out = ["| strategy | median step s | / DDP | measured peak MiB | estimated peak MiB "
-           "| est / meas | counted payload MB/step |", "|" + "---|" * 7]
+    """Markdown of a step benchmark: time, ratio, measured vs estimated memory, counted comm;
+    with ``--compute`` the compute-only step and the exposed communication, and under
+    ``--link`` a first line on the emulated network and its measured links."""
+    timed = any("compute_step_s" in r for r in summary["rows"].values())
+    out = _network_lines(summary.get("network"))
+    out += ["| strategy | median step s | / DDP | measured peak MiB | estimated peak MiB "
+            "| est / meas | counted payload MB/step |"
+            + (" slowest rank s | compute s | exposed comm s |" if timed else ""),
+            "|" + "---|" * (10 if timed else 7)]
     for label, r in summary["rows"].items():
         est = r.get("estimated_peak_bytes")
         counted = r["comm"]["comm/bytes_per_step"] if r.get("comm") else None
@@ -61,8 +67,23 @@ def step_table(summary: dict[str, Any]) -> str:
             + (f"{est / 2**20:.1f} | {est / r['measured_peak_bytes']:.3f} | "
                if est else "- | - | ")
             + (f"{counted / MB:.3f} |" if counted is not None else "not counted |")
+            + (f" {r['slowest_rank_median_s']:.3f} | {r['compute_step_s']:.3f} | "
+               f"{r['exposed_comm_s']:.3f} |" if timed else "")
         )
     return "\n".join(out)
+
+
+def _network_lines(net: dict[str, Any] | None) -> list[str]:
+    if not net:
+        return []
+    rate = "unthrottled" if net["rate_mbit"] is None else f"{net['rate_mbit']:g} Mbit/s"
+    where = ("one shared link" if net["nodes"] == 1
+             else f"{net['nodes']} nodes, each linked to the others at")
+    measured = "; ".join(f"{name} measured {m['mbit']:,.0f} Mbit/s, round trip "
+                         f"{m['rtt_ms']:.3f} ms" for name, m in net["links"].items())
+    return [f"Emulated network: {where} {rate}"
+            + (f", +{net['latency_ms']:g} ms" if net["latency_ms"] else "")
+            + f" ({measured})", ""]
 
 
 def composition_table(rows: list[dict[str, Any]], paper: dict[str, float]) -> str:

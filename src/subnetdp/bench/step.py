@@ -6,7 +6,10 @@ steps *interleaved* (step i of every strategy, rotating which goes first), so ma
 hits all strategies alike. Per strategy and rank it returns the step times after warm-up
 (forward + backward + reduction + optimizer step), the memory of one steady-state step measured
 with ``metrics.memory.measure_step_memory`` (and ``torch.cuda.max_memory_allocated`` on GPU),
-and the bytes the reducers counted (``metrics.comm.comm_record``).
+and the bytes the reducers counted (``metrics.comm.comm_record``). With ``compute=True`` the
+same workers then time every strategy again over torch's fake process group (communication
+off); with ``network=`` they run on an emulated network (``bench.netem``) and measure its link
+first.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from subnetdp.bench.netem import Layout, Placement, run_emulated
 from subnetdp.estimate.spec import BenchSpec, build_rank, lm_step, vocab_size
 from subnetdp.metrics.comm import comm_record
 from subnetdp.metrics.memory import measure_step_memory
@@ -28,8 +32,9 @@ MIN_WARMUP = 3
 
 
 def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
-                 rank: int, world: int) -> dict[str, Any]:
-    """Body of one worker (process group already up); results keyed by ``spec.label``."""
+                 rank: int, world: int, *, measure_memory: bool = True) -> dict[str, Any]:
+    """Body of one worker (process group already up); results keyed by ``spec.label``.
+    ``measure_memory=False``: the last warm-up step is timed like the others, not measured."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
         torch.device("cpu"))
     built = {s.label: build_rank(s, device=dev) for s in specs}
@@ -43,7 +48,7 @@ def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
         order = labels[step % len(labels):] + labels[: step % len(labels)]
         for label in order:
             b = built[label]
-            if step == warmup - 1:
+            if measure_memory and step == warmup - 1:
                 # steady state (optimizer state exists, DDP has rebuilt its buckets in
                 # gradient order during the second step): measured, not timed
                 _, rep = measure_step_memory(
@@ -72,23 +77,72 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _launched(specs: list[BenchSpec], steps: int, warmup: int, device: str) -> dict[str, Any]:
+def compute_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
+                   rank: int, world: int) -> dict[str, list[float]]:
+    """Step times with communication off: the same models and steps over torch's fake
+    process group (every collective returns at once, nothing is sent), all ranks running
+    together as in the real phase. Per label, the timed steps' seconds."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    # the fake group's futures carry no value, which DDP's hook returns: the bucket instead
+    saved = default_hooks.allreduce_hook
+    default_hooks.allreduce_hook = _no_comm_hook  # type: ignore[assignment]
+    try:
+        out = bench_worker(specs, steps, warmup, device, rank, world, measure_memory=False)
+        return out["times"]
+    finally:
+        default_hooks.allreduce_hook = saved  # type: ignore[assignment]
+        dist.destroy_process_group()
+
+
+def _no_comm_hook(_state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def _launched(specs: list[BenchSpec], steps: int, warmup: int, device: str, compute: bool,
+              probes: dict[str, tuple[int, int]], probe_bytes: int) -> dict[str, Any]:
+    from subnetdp.bench.netem import probe_link
     from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 
     rank, world = init_distributed("gloo" if device == "cpu" else None)
     try:
-        return bench_worker(specs, steps, warmup, device, rank, world)
+        links = {name: probe_link(*pair, nbytes=probe_bytes) for name, pair in probes.items()}
+        out = bench_worker(specs, steps, warmup, device, rank, world)
+        out["links"] = links
     finally:
         shutdown_distributed()
+    if compute:
+        out["compute_times"] = compute_worker(specs, steps, warmup, device, rank, world)
+    return out
+
+
+def _launch_all(specs: list[BenchSpec], steps: int, warmup: int, device: str, compute: bool,
+                placement: Placement | None = None) -> list[dict[str, Any]]:
+    from subnetdp.distributed.launch import launch
+
+    world = specs[0].world
+    fn: Any = _launched if placement is None else placement.wrap(_launched)
+    probes = placement.probe_pairs(world) if placement is not None else {}
+    probe_bytes = placement.probe_bytes if placement is not None else 0
+    results = launch(fn, (specs, steps, warmup, device, compute, probes, probe_bytes),
+                     nproc=world, run_id="subnetdp-bench-step")
+    return [results[r] for r in sorted(results)]
 
 
 def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 3,
-                   device: str = "cpu") -> dict[str, Any]:
+                   device: str = "cpu", compute: bool = False,
+                   network: Layout | None = None) -> dict[str, Any]:
     """Launch ``specs[0].world`` workers and summarise: per strategy, the median step time
     over all ranks and steps (the slowest rank's median too), its ratio to ``ddp`` when
-    present, the worst rank's measured peak memory and the counted bytes per step."""
-    from subnetdp.distributed.launch import launch
+    present, the worst rank's measured peak memory and the counted bytes per step.
 
+    ``compute``: also the median step with communication off (``compute_worker``) and the
+    exposed communication, step minus that. ``network``: the workers run on an emulated
+    network (``bench.netem``), whose links are measured first (``links``)."""
     worlds = {s.world for s in specs}
     if len(worlds) != 1 or len({(s.recipe, s.batch, s.seq) for s in specs}) != 1:
         raise ValueError("all specs of one step benchmark must share recipe, world, batch, seq")
@@ -103,9 +157,18 @@ def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 3,
     if warmup < MIN_WARMUP:
         raise ValueError(f"--warmup must be >= {MIN_WARMUP}: memory is measured on the last "
                          "warm-up step, after DDP's second step has rebuilt its buckets")
-    results = launch(_launched, (specs, steps, warmup, device), nproc=worlds.pop(),
-                     run_id="subnetdp-bench-step")
-    return summarise(specs, [results[r] for r in sorted(results)])
+    args = (specs, steps, warmup, device, compute)
+    if network is None:
+        per_rank = _launch_all(*args)
+    else:
+        per_rank = run_emulated(network, worlds.pop(), _launch_all, args)
+    out = summarise(specs, per_rank)
+    if network is not None:
+        link = network.link
+        out["network"] = {"rate_mbit": link.rate_mbit, "latency_ms": link.latency_ms,
+                          "tier": network.tier, "nodes": network.nodes,
+                          "links": per_rank[0]["links"]}
+    return out
 
 
 def summarise(specs: list[BenchSpec], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -129,6 +192,10 @@ def summarise(specs: list[BenchSpec], per_rank: list[dict[str, Any]]) -> dict[st
             "per_rank_comm": comms,
             "params_held": [r["params_held"][k] for r in per_rank],
         }
+        if "compute_times" in per_rank[0]:
+            compute = statistics.median(t for r in per_rank for t in r["compute_times"][k])
+            rows[k]["compute_step_s"] = compute
+            rows[k]["exposed_comm_s"] = rows[k]["median_step_s"] - compute
     base = rows.get("ddp")
     for row in rows.values():
         row["step_ratio_to_ddp"] = (row["median_step_s"] / base["median_step_s"]

@@ -6,10 +6,15 @@
     subnetdp bench comm   --recipe llama-1b --world 8 --strategy b-sdp --coverage 0.69 [--json]
     subnetdp bench step   --recipe llama-tiny --world 4 --batch-size 8 --seq-len 128 \\
         [--strategies ddp,b-sdp,...] [--coverage 0.5] [--steps 10] [--warmup 3] [--json]
+        [--compute] [--link 300mbit[,latency=1ms] [--nodes 2]]
     subnetdp bench all    (memory and comm for every strategy, one table)
 
 ``memory`` runs one real step per distinct plan row under fake tensors and a fake process group
-(no memory is allocated; minutes for llama-1b on 2 cores). ``step`` starts real workers.
+(no memory is allocated; minutes for llama-1b on 2 cores). ``step`` starts real workers;
+``--compute`` also times each strategy with communication off (the exposed communication is
+the difference); ``--link`` runs them on an emulated network (root and iproute2: private
+network namespaces throttled with ``tc``, ``bench.netem``), one shared link, or with ``--nodes
+K`` K nodes whose ranks share a fast local link and reach the others through the ``--link``.
 ``--strategy`` takes a strategy or a composed name (``fsdp+ac``, ``b-sdp+fsdp``); ``--fsdp``/
 ``--ac``/``--zero`` compose it as in ``train`` (``--strategy ddp --fsdp --ac`` is ``fsdp+ac``,
 ``--strategy ddp --zero 1`` is ``ddp+zero1``, torch's ZeroRedundancyOptimizer). In lists
@@ -59,6 +64,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--steps", type=int, default=10, help="step: timed steps after warm-up")
     p.add_argument("--warmup", type=int, default=3,
                    help="step: warm-up steps (>= 3; the last one is the memory step)")
+    p.add_argument("--compute", action="store_true",
+                   help="step: also time each strategy with communication off (a fake process "
+                        "group) and report the exposed communication, step minus that")
+    p.add_argument("--link", metavar="RATE[,latency=Xms]",
+                   help="step: run the workers on an emulated network (root and iproute2 "
+                        "needed) whose link is throttled to RATE (tc units: 100mbit, 1gbit; "
+                        "or unthrottled); its bandwidth and round trip are measured first")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="step with --link: split the workers over this many emulated nodes; "
+                        "ranks of a node share an unthrottled local link, --link is each "
+                        "node's link to the others (default 1: one shared link)")
     add_device_argument(p, default="cpu", help="step: where the workers run")
     add_model_arg_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -131,7 +147,20 @@ def _step(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = run_step_bench(specs, steps=args.steps, warmup=args.warmup, device=device)
+    network = None
+    if args.link is not None:
+        from subnetdp.bench.netem import Layout, check_available, parse_link
+
+        network = Layout(parse_link(args.link), nodes=args.nodes)
+        check_available(network)
+        if args.world % args.nodes:
+            raise ValueError(f"--nodes {args.nodes} must divide --nproc {args.world}")
+        if device != "cpu":
+            raise ValueError("--link emulates the links of gloo workers; use --device cpu")
+    elif args.nodes != 1:
+        raise ValueError("--nodes needs --link (the emulated network it splits)")
+    out = run_step_bench(specs, steps=args.steps, warmup=args.warmup, device=device,
+                         compute=args.compute, network=network)
     return out, step_table(out)
 
 
