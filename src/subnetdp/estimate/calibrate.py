@@ -58,7 +58,8 @@ def _model_rate(recipe_name: str, batch: int, seq: int, steps: int) -> tuple[flo
     torch.manual_seed(0)
     model = recipe.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-    vocab = int(getattr(model, "config").vocab_size)
+    config: Any = getattr(model, "config", None)
+    vocab = int(config.vocab_size)
     times = []
     for i in range(steps + 2):  # two warm-up steps (optimizer state, allocator)
         tokens = torch.randint(0, vocab, (batch, seq + 1))

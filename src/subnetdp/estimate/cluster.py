@@ -55,10 +55,11 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("a100", 312e12, 156e12, 80, 0.40, Link(300 * GB, 5e-6), "A100 SXM 80GB, NVLink 3"),
     Device("h100", 989e12, 494e12, 80, 0.40, Link(450 * GB, 5e-6), "H100 SXM, NVLink 4"),
     Device("h200", 989e12, 494e12, 141, 0.40, Link(450 * GB, 5e-6), "H200 SXM, NVLink 4"),
-    # measured on this project's machine, 4 processes on 2 cores (each process's share):
-    # peak = a 1024^3 fp32 matmul, mfu = llama-tiny's training step (counted FLOPs / time)
-    # / that peak; python -m subnetdp.estimate.calibrate, benchmarks/results/cpu_calibration.json
-    Device("cpu", 8.44e9, 8.44e9, 8, 0.55, Link(1.0 * GB, 5e-5),
+    # measured on this project's machine by python -m subnetdp.estimate.calibrate (4
+    # processes on the 2 cores, one thread each; each process's share; the machine was shared
+    # with other jobs, load about 7): peak = a 1024^3 fp32 matmul, mfu = llama-tiny's
+    # training step (counted FLOPs / time) / that peak (benchmarks/results/cpu_calibration.json)
+    Device("cpu", 13.4e9, 13.4e9, 8, 0.25, Link(2.6e9 / 8, 5e-5),
            "this project's 2-core Xeon, 4 processes sharing it (measured)"),
 )}
 
