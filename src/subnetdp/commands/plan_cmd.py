@@ -395,7 +395,11 @@ def _advise(args: argparse.Namespace) -> int:
         device = clusters[0].device
         peak = args.peak_tflops * 1e12 if args.peak_tflops else device.peak(args.dtype)
         mfu = args.mfu if args.mfu is not None else device.mfu
-        memory_gb = float(args.memory_gb) if args.memory_gb else device.memory_gb
+        try:
+            memory_gb = float(args.memory_gb) if args.memory_gb else device.memory_gb
+        except ValueError:
+            raise ValueError(f"--cluster takes one --memory-gb for every rank, got "
+                             f"{args.memory_gb!r}") from None
         base = BenchSpec(recipe=args.recipe, strategy="ddp", world=clusters[0].world,
                          batch=args.batch_size or 1, seq=args.seq_len or 2048,
                          dtype=args.dtype)
