@@ -271,8 +271,7 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
                 key = f"{phase} {name}"
                 comm[key] = _phase_time(cluster, part, wire)
                 calls[key] = max(sum(c.calls for c in cs) for cs in part)
-    exposed = {k: _exposed(k, v, calls[k], fwd_s, bwd_s, spec) if overlap else v
-               for k, v in comm.items()}
+    exposed = _exposed(comm, calls, fwd_s, bwd_s, spec) if overlap else dict(comm)
     tokens = spec.world * spec.batch * (costs.seq or 1)
     return StepTime(
         compute_s=fwd_s + bwd_s, comm_s=comm, exposed_s=exposed,
@@ -281,16 +280,27 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
         flops=flops, tokens=tokens)
 
 
-def _exposed(key: str, comm: float, calls: int, fwd_s: float, bwd_s: float,
-             spec: BenchSpec) -> float:
-    phase, name = key.split()
-    if phase == "after":
-        return comm
-    if phase == "forward":  # FSDP's forward all-gathers
-        return pipelined(comm, fwd_s, calls) if spec.fsdp_prefetch else comm
-    if name == "gather" and not spec.fsdp_prefetch:
-        return comm
-    return pipelined(comm, bwd_s, calls)
+def _exposed(comm: dict[str, float], calls: dict[str, int], fwd_s: float, bwd_s: float,
+             spec: BenchSpec) -> dict[str, float]:
+    """Per phase, the part of ``comm`` on the critical path (module docstring): backward's
+    gathers and reductions share one window, backward's compute."""
+    out = {}
+    prefetch = spec.fsdp_prefetch
+    if "forward gather" in comm:  # FSDP's forward all-gathers
+        c = comm["forward gather"]
+        out["forward gather"] = pipelined(c, fwd_s, calls["forward gather"]) if prefetch else c
+    gather, reduce = comm.get("backward gather", 0.0), comm.get("backward reduce", 0.0)
+    n = max(calls.get("backward gather", 0), calls.get("backward reduce", 0))
+    if prefetch:
+        hidden = pipelined(gather + reduce, bwd_s, n)
+    else:  # every all-gather waits; the reductions still pipeline
+        hidden = gather + pipelined(reduce, bwd_s, n)
+    if gather or reduce:
+        out["backward"] = hidden
+    for key in ("after gather", "after reduce"):  # after the optimizer step: exposed
+        if key in comm:
+            out[key] = comm[key]
+    return out
 
 
 def _phase_time(cluster: Cluster, per_rank: list[list[Collective]],
