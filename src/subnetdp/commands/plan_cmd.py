@@ -8,6 +8,7 @@
     subnetdp plan --recipe llama-1b --memory-gb 80,40,40,40 --out plan.json
     subnetdp plan --nproc 4 --recipe resnet18-cifar10 --coverage 0.5 --scheme balanced
     subnetdp plan --nproc 4 --recipe swin-t-cifar10 --capacities 1,0.5,0.5,0.5 --out p.json
+    subnetdp plan --recipe llama-1b --cluster "nodes=4,gpus-per-node=8,gpu=h100,inter=25gbit"
 
 ``--memory-gb`` runs fake-mode memory estimates, one real step each under fake tensors (one
 line per estimate on stderr). Measured on a shared, loaded 2-core machine: llama-tiny at 4
@@ -42,6 +43,8 @@ from subnetdp.commands.options import (
     old_name,
     searched_strategy_list,
 )
+from subnetdp.estimate.cluster import DEVICES
+from subnetdp.estimate.cluster import KEYS as CLUSTER_KEYS
 from subnetdp.plan import Plan, PlanError, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
 from subnetdp.plan.report import plan_report
@@ -115,6 +118,24 @@ def add_parser(subparsers: Any) -> None:
                         default_note="--memory-gb: default 1 x 2048; unit costs: the "
                                      "recipe's")
     add_composition_arguments(budget)
+    adv = p.add_argument_group(
+        "strategy advisor (subnetdp.estimate.advisor; needs --recipe, a language model)",
+        "per strategy and coverage on a cluster: fits in --memory-gb (default: the device's), "
+        "peak memory, bytes per step, predicted step time and tokens/s")
+    adv.add_argument("--cluster", action="append", metavar="K=V,...",
+                     help="e.g. nodes=4,gpus-per-node=8,gpu=h100,intra=900GB/s,inter=25gbit "
+                          "(keys: " + ", ".join(CLUSTER_KEYS) + "; gpu: "
+                          + ", ".join(DEVICES) + "); repeat for one table per cluster "
+                          "of the same size")
+    adv.add_argument("--mfu", type=float, help="model FLOP/s utilisation (default: the "
+                                               "device table's)")
+    adv.add_argument("--peak-tflops", type=float,
+                     help="device peak TFLOP/s at the compute dtype (default: the table's)")
+    adv.add_argument("--coverages", default="0.5,0.75", metavar="C[,C...]",
+                     help="SDP coverages to try (default %(default)s)")
+    adv.add_argument("--no-overlap", action="store_true",
+                     help="put every collective on the critical path (default: buckets "
+                          "overlap backward, FSDP prefetches)")
     p.set_defaults(func=run)
 
 
@@ -349,8 +370,60 @@ def _per_rank_budgets(args: argparse.Namespace, base: Any, budgets: list[float])
     return 0
 
 
+def _advise(args: argparse.Namespace) -> int:
+    """``--cluster``: the advisor's table per cluster (``estimate.advisor``)."""
+    from subnetdp.estimate.advisor import OPTIONS, advise, format_advice
+    from subnetdp.estimate.cluster import parse_cluster
+    from subnetdp.estimate.spec import BenchSpec
+
+    try:
+        clusters = [parse_cluster(text) for text in args.cluster]
+        if args.recipe is None:
+            raise ValueError("--cluster needs --recipe NAME")
+        if args.world is not None and args.world != clusters[0].world:
+            raise ValueError(f"--nproc {args.world} differs from the cluster's "
+                             f"{clusters[0].world} ranks; drop --nproc")
+        if args.mfu is not None and not 0 < args.mfu <= 1:
+            raise ValueError(f"--mfu must be in (0, 1], got {args.mfu}")
+        if args.peak_tflops is not None and args.peak_tflops <= 0:
+            raise ValueError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
+        try:
+            coverages = tuple(float(c) for c in args.coverages.split(",") if c.strip())
+        except ValueError:
+            raise ValueError(f"--coverages takes numbers separated by commas, got "
+                             f"{args.coverages!r}") from None
+        device = clusters[0].device
+        peak = args.peak_tflops * 1e12 if args.peak_tflops else device.peak(args.dtype)
+        mfu = args.mfu if args.mfu is not None else device.mfu
+        try:
+            memory_gb = float(args.memory_gb) if args.memory_gb else device.memory_gb
+        except ValueError:
+            raise ValueError(f"--cluster takes one --memory-gb for every rank, got "
+                             f"{args.memory_gb!r}") from None
+        base = BenchSpec(recipe=args.recipe, strategy="ddp", world=clusters[0].world,
+                         batch=args.batch_size or 1, seq=args.seq_len or 2048,
+                         dtype=args.dtype)
+        options = tuple(t for t, _ in args.strategies) if args.strategies else OPTIONS
+        tables = advise(base, clusters, memory_gb=memory_gb, rate=peak * mfu,
+                        coverages=coverages, options=options, overlap=not args.no_overlap)
+    except ValueError as e:
+        print(f"subnetdp plan: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([{"cluster": c.describe(), "peak_flops": peak, "mfu": mfu,
+                           "memory_gb": memory_gb, "rows": [a.to_dict() for a in rows]}
+                          for c, rows in zip(clusters, tables, strict=True)]))
+        return 0
+    print("\n\n".join(format_advice(rows, c, base, memory_gb=memory_gb, rate=peak * mfu,
+                                    mfu=mfu, peak=peak, overlap=not args.no_overlap)
+                       for c, rows in zip(clusters, tables, strict=True)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``subnetdp plan``; 0 on success, 2 on a user error (message on stderr)."""
+    if args.cluster:
+        return _advise(args)
     if args.save:
         from subnetdp.checkpoint.rundir import check_output
 

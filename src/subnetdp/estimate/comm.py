@@ -39,16 +39,28 @@ from subnetdp.subnet.units import unit_modules
 
 def analytic_comm(spec: BenchSpec) -> list[dict[str, Any]]:
     """Per rank, the same record shape as ``metrics.comm.comm_record``."""
+    elems = gather_scatter_elems(spec)
+    if elems is not None:
+        return [_gather_scatter_record(spec, e) for e in elems]
     recipe, meta = meta_model(spec, check_seq=False)  # gradient traffic: any sequence
-    if spec.uses_fsdp and not spec.is_sdp:  # the FSDP baselines
-        return [_fsdp_rank(spec, meta, recipe) for _ in range(spec.world)]
     if not spec.is_sdp and spec.composition().zero == 1:
         return [_zero_redundancy_rank(spec, meta) for _ in range(spec.world)]
     plan = make_bench_plan(spec, meta, recipe)
-    if spec.fsdp:
-        return [_sdp_fsdp_rank(spec, plan, meta, recipe, r) for r in range(spec.world)]
     collective = "reduce_scatter+all_gather" if spec.composition().zero else "all_reduce"
     return [_allreduce_rank(plan, r, spec.reduce_bytes, collective) for r in range(spec.world)]
+
+
+def gather_scatter_elems(spec: BenchSpec) -> list[dict[tuple[int, ...], tuple[int, int]]] | None:
+    """FSDP anywhere: per rank, per group, the (all-gathered, reduce-scattered) elements of one
+    step (``_gather_scatter_record`` turns them into bytes); None without FSDP."""
+    if not spec.uses_fsdp:
+        return None
+    recipe, meta = meta_model(spec, check_seq=False)
+    if not spec.is_sdp:  # the FSDP baselines
+        return [_fsdp_elems(spec, meta, recipe)] * spec.world
+    plan = make_bench_plan(spec, meta, recipe)
+    shapes = fsdp_unit_shapes(meta, recipe.adapter, plan, spec.strategy_value)
+    return [_sdp_fsdp_elems(spec, plan, shapes, r) for r in range(spec.world)]
 
 
 def _allreduce_rank(plan: Plan, rank: int, width: int,
@@ -88,7 +100,8 @@ def _padded_numel(shape: tuple[int, ...], world: int) -> int:
     return math.ceil(shape[0] / world) * world * math.prod(shape[1:])
 
 
-def _fsdp_rank(spec: BenchSpec, meta: Any, recipe: Any) -> dict[str, Any]:
+def _fsdp_elems(spec: BenchSpec, meta: Any,
+                recipe: Any) -> dict[tuple[int, ...], tuple[int, int]]:
     w = spec.world
     blocks = {name for name, _ in unit_modules(meta, recipe.adapter)}
     block_elems = root_elems = 0
@@ -99,16 +112,17 @@ def _fsdp_rank(spec: BenchSpec, meta: Any, recipe: Any) -> dict[str, Any]:
         else:
             root_elems += n
     everyone = tuple(range(w))
-    return _gather_scatter_record(spec, {everyone: (2 * block_elems + root_elems,
-                                                    block_elems + root_elems)})
+    return {everyone: (2 * block_elems + root_elems, block_elems + root_elems)}
 
 
-def _sdp_fsdp_rank(spec: BenchSpec, plan: Plan, meta: Any, recipe: Any,
-                   rank: int) -> dict[str, Any]:
+def _sdp_fsdp_elems(
+    spec: BenchSpec, plan: Plan,
+    unit_shapes: tuple[list[list[tuple[int, ...]]], list[tuple[int, ...]]], rank: int,
+) -> dict[tuple[int, ...], tuple[int, int]]:
     """Per group: (gathered elements, reduce-scattered elements) of one step on ``rank``:
     blocks are gathered twice (forward, and again for backward after resharding), n-sdp's
     parts once (kept gathered through backward, [Note: neuron groups] in runtime.fsdp)."""
-    shapes, shared_shapes = fsdp_unit_shapes(meta, recipe.adapter, plan, spec.strategy_value)
+    shapes, shared_shapes = unit_shapes  # fsdp_unit_shapes
     gathers = 1 if spec.strategy_value.neuron_level else 2
     everyone = tuple(range(plan.world))
     shared = sum(_padded_numel(s, plan.world) for s in shared_shapes)
@@ -120,7 +134,7 @@ def _sdp_fsdp_rank(spec: BenchSpec, plan: Plan, meta: Any, recipe: Any,
         n = sum(_padded_numel(s, len(holders)) for s in shapes[u])
         g, s = elems.get(holders, (0, 0))
         elems[holders] = (g + gathers * n, s + n)
-    return _gather_scatter_record(spec, elems)
+    return elems
 
 
 def _gather_scatter_record(spec: BenchSpec,

@@ -1,0 +1,192 @@
+"""The strategy advisor: per strategy and coverage on a cluster, whether it fits, its peak
+memory, bytes and predicted step time; the fastest that fits is marked.
+
+``advise(base, clusters, memory_gb=, rate=)`` tries ``candidates(base)`` (``OPTIONS``: the
+baselines ddp, ddp+ac, fsdp, fsdp+ac, ddp+zero1, ddp+zero2; b-sdp alone and composed with ac,
+fsdp, fsdp+ac, zero1, zero2; n-sdp and bb-sdp alone and with fsdp; every SDP option at each of
+``coverages``).
+
+Memory is the fast analytic path (``analytic_peak``), not the fake-mode estimator (a real step
+under fake tensors: minutes per configuration at paper scale, ``estimate.budget``): the state
+(parameters, gradients, optimizer) is ``estimate.memory.analytic_state``'s, exact; saved
+activations are the units' counted on the meta device (``subnet.costs``) for the units a rank
+runs, plus the fp32 logits the loss keeps; with activation checkpointing a block keeps only
+its input, and one block's activations exist again while it is recomputed; temporaries are
+the loss's two fp32 logits-sized buffers; FSDP adds the unsharded parameters of the root and
+of two blocks (the running one and the prefetched one; n-sdp keeps its held groups gathered
+through backward). On llama-tiny this is within a few percent of the fake-mode estimate
+(``docs/advisor.md``); what it leaves out is allocator rounding and communication buffers.
+
+Step time is ``estimate.steptime``'s on the cluster, at the device's peak × MFU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from subnetdp.estimate.cluster import Cluster
+from subnetdp.estimate.memory import analytic_state, fsdp_unit_shapes
+from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
+from subnetdp.estimate.steptime import StepTime, collectives, predict_step
+from subnetdp.subnet.costs import ModelCosts, recipe_costs
+
+GB = 1e9
+# what the advisor tries by default (names as ``strategy.parse_label`` reads them); every
+# SDP option at each coverage
+OPTIONS = ("ddp", "ddp+ac", "fsdp", "fsdp+ac", "ddp+zero1", "ddp+zero2",
+           "b-sdp", "b-sdp+ac", "b-sdp+fsdp", "b-sdp+fsdp+ac", "b-sdp+zero1", "b-sdp+zero2",
+           "n-sdp", "n-sdp+fsdp", "bb-sdp", "bb-sdp+fsdp")
+COVERAGES = (0.5, 0.75)
+
+
+@dataclass(frozen=True)
+class Advice:
+    spec: BenchSpec
+    peak_bytes: float
+    fits: bool
+    time: StepTime
+    fastest: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.spec.label, "coverage": self.spec.coverage,
+                "peak_GB": self.peak_bytes / GB, "fits": self.fits, "fastest": self.fastest,
+                **self.time.to_dict()}
+
+
+def candidates(base: BenchSpec, coverages: tuple[float, ...] = COVERAGES,
+               options: tuple[str, ...] = OPTIONS) -> list[BenchSpec]:
+    """``base`` as each option; an SDP option once per coverage."""
+    out = []
+    for option in options:
+        spec = base.replace(strategy=option, coverage=1.0)
+        if spec.is_sdp:  # composed by flags, as every estimator reads an SDP spec
+            rank = spec.rank
+            spec = spec.replace(strategy=rank.strategy.name, fsdp=rank.comp.fsdp,
+                                ac=rank.comp.ac, zero=rank.comp.zero)
+            out += [spec.replace(coverage=c) for c in coverages]
+        else:
+            out.append(spec)
+    return out
+
+
+def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: float,
+           coverages: tuple[float, ...] = COVERAGES, options: tuple[str, ...] = OPTIONS,
+           backend: str = "nccl", overlap: bool = True) -> list[list[Advice]]:
+    """Per cluster (all of one size), every candidate of ``base`` (recipe, batch, seq, dtype;
+    world = the clusters') with its memory and step time; the fastest that fits marked.
+    Memory, plans and collectives do not depend on the links: computed once."""
+    if memory_gb <= 0:
+        raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
+    if len({c.world for c in clusters}) != 1:
+        raise ValueError("the clusters of one table must have the same number of ranks")
+    base = base.replace(world=clusters[0].world)
+    recipe, meta = meta_model(base)
+    if recipe.task != "lm":
+        raise ValueError(f"the advisor plans language models; {base.recipe} is {recipe.task}")
+    costs = recipe_costs(recipe, batch=base.batch, seq=base.seq, model_args=dict(base.model_args))
+    known = []
+    for spec in candidates(base, coverages, options):
+        plan = make_bench_plan(spec, meta, recipe) if spec.is_sdp else None
+        known.append((spec, plan, collectives(spec), analytic_peak(spec, costs, plan)))
+    tables = []
+    for cluster in clusters:
+        rows = [Advice(spec, peak, peak <= memory_gb * GB,
+                       predict_step(spec, cluster, rate=rate, backend=backend, costs=costs,
+                                    overlap=overlap, plan=plan, colls=colls))
+                for spec, plan, colls, peak in known]
+        fitting = [a for a in rows if a.fits]
+        if fitting:
+            best = min(fitting, key=lambda a: a.time.step_s)
+            rows = [dataclasses.replace(a, fastest=True) if a is best else a for a in rows]
+        tables.append(rows)
+    return tables
+
+
+def analytic_peak(spec: BenchSpec, costs: ModelCosts, plan: Any = None) -> float:
+    """The peak of the rank holding the most (module docstring), bytes; ``plan``: the spec's
+    (SDP; made when not given)."""
+    recipe, meta = meta_model(spec)
+    if plan is None and spec.is_sdp:
+        plan = make_bench_plan(spec, meta, recipe)
+    act_scale = 0.5 if spec.compute_dtype is not None else spec.param_bytes / 4
+    config = getattr(meta, "config", None)
+    dim, vocab = int(getattr(config, "dim", 0)), int(getattr(config, "vocab_size", 0))
+    logits = spec.batch * spec.seq * vocab * 4
+    block_input = spec.batch * spec.seq * dim * 4 * act_scale
+    # the rank that runs and holds the most (the ranks' shards differ by a row at most)
+    r = 0 if plan is None else max(range(spec.world), key=lambda k: (plan.held_size(k), -k))
+    runs = _runs(spec, plan, r, len(costs.units))
+    units = [(u, f) for u, f in zip(costs.units, runs, strict=True) if f > 0]
+    if spec.uses_ac:
+        acts = sum(f * block_input for _, f in units) + max(
+            (f * u.act_bytes for u, f in units), default=0.0) * act_scale
+    else:
+        acts = sum(f * u.act_bytes for u, f in units) * act_scale
+    acts += costs.shared.act_bytes * act_scale + logits
+    state = sum(analytic_state(spec, r, plan).values())
+    return state + acts + 2 * logits + _gathered(spec, meta, recipe, plan, r)
+
+
+def _runs(spec: BenchSpec, plan: Any, rank: int, n_units: int) -> list[float]:
+    """Per unit, how much of it ``rank`` runs forward and keeps activations of."""
+    s = spec.strategy_value
+    if plan is None or s.backward_masked:
+        return [1.0] * n_units
+    if s.neuron_level:
+        total = sum(u.size for u in plan.units)
+        return [sum(plan.units[u].size for u in plan.held_units(rank)) / total] * n_units
+    held = set(plan.held_units(rank))
+    return [1.0 if u in held else 0.0 for u in range(n_units)]
+
+
+def _gathered(spec: BenchSpec, meta: Any, recipe: Any, plan: Any, rank: int) -> float:
+    """FSDP's unsharded parameters at the peak: the root's, two blocks' (running and
+    prefetched; n-sdp: every held group, kept through backward), minus this rank's shards of
+    them (already in the state)."""
+    if not spec.uses_fsdp:
+        return 0.0
+    if plan is None:
+        from subnetdp.subnet.units import unit_modules
+
+        blocks = [sum(p.numel() for p in b.parameters())
+                  for _, b in unit_modules(meta, recipe.adapter)]
+        shared = sum(p.numel() for p in meta.parameters()) - sum(blocks)
+        held = blocks
+    else:
+        shapes, shared_shapes = fsdp_unit_shapes(meta, recipe.adapter, plan, spec.strategy_value)
+        shared = sum(math.prod(x) for x in shared_shapes)
+        held = [sum(math.prod(x) for x in shapes[u]) for u in plan.held_units(rank)]
+    keep = held if spec.strategy_value.neuron_level else sorted(held)[-2:]
+    return float((shared + sum(keep)) * spec.gather_bytes)
+
+
+def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
+                  memory_gb: float, rate: float, mfu: float, peak: float,
+                  overlap: bool) -> str:
+    lines = [
+        f"{base.recipe} on {cluster.describe()}",
+        f"assumptions: {cluster.device.name} peak {peak / 1e12:g} TFLOP/s ({base.dtype} "
+        f"compute), MFU {mfu:g} -> {rate / 1e12:.4g} TFLOP/s per rank; memory "
+        f"{memory_gb:g} GB per rank; micro-batch {base.batch} x {base.seq} tokens per rank; "
+        f"NCCL ring collectives; overlap "
+        + ("on (buckets hide behind backward, FSDP prefetches adjacent blocks)" if overlap
+           else "off (all communication exposed)"),
+        f"{'option':<28} {'fits':>4} {'peak GB':>8} {'ring MB':>9} {'compute s':>10} "
+        f"{'comm s':>8} {'step s':>8} {'tokens/s':>10}",
+    ]
+    for a in rows:
+        t = a.time
+        lines.append(f"{a.spec.label:<28} {'yes' if a.fits else 'no':>4} "
+                     f"{a.peak_bytes / GB:>8.2f} {max(t.ring_bytes, default=0) / 1e6:>9.1f} "
+                     f"{t.compute_s:>10.3f} {t.exposed_comm_s:>8.3f} {t.step_s:>8.3f} "
+                     f"{t.tokens_per_s:>10.0f}" + ("  <- fastest that fits" if a.fastest else ""))
+    if not any(a.fits for a in rows):
+        lines.append("nothing fits: lower --batch-size or --seq-len, use --dtype bf16-mixed, "
+                     "or add GPUs")
+    lines.append("ring MB: bytes the busiest rank sends per step (counted, estimate.comm); "
+                 "comm s: exposed communication; SDP options train each block on a coverage "
+                 "share of the data per step: quality is not part of this table")
+    return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""The step-time model (estimate.steptime), the cluster description (estimate.cluster) and the
+strategy advisor (estimate.advisor, ``subnetdp plan --cluster``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from subnetdp.cli import main
+from subnetdp.estimate.advisor import advise, analytic_peak, candidates
+from subnetdp.estimate.cluster import DEVICES, Cluster, Link, parse_cluster, parse_rate
+from subnetdp.estimate.comm import analytic_comm
+from subnetdp.estimate.spec import BenchSpec
+from subnetdp.estimate.steptime import (
+    Collective,
+    _phase_time,
+    collectives,
+    pipelined,
+    predict_step,
+    rank_flops,
+)
+from subnetdp.models import get_recipe
+from subnetdp.subnet.costs import recipe_costs
+
+TINY = {"recipe": "llama-tiny", "world": 4, "batch": 2, "seq": 32,
+        "model_args": (("n_layers", 4),)}
+# every strategy and composition the benchmarks build (labels as parse_label reads them)
+LABELS = ("ddp", "ddp+ac", "fsdp", "fsdp+ac", "ddp+zero1", "ddp+zero2", "b-sdp", "n-sdp",
+          "bb-sdp", "nb-sdp", "b-sdp+ac", "b-sdp+fsdp", "b-sdp+fsdp+ac", "n-sdp+fsdp",
+          "bb-sdp+fsdp", "b-sdp+zero1", "b-sdp+zero2")
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_model_bytes_are_the_counted_bytes(label: str) -> None:
+    """Per rank and group, the model's ring bytes are estimate.comm's (checked against the
+    runs' counters in test_measured), for every strategy."""
+    spec = BenchSpec(strategy=label, coverage=0.5, **TINY)  # type: ignore[arg-type]
+    colls, records = collectives(spec), analytic_comm(spec)
+    for rank, rec in enumerate(records):
+        by_group: dict[str, float] = {}
+        for c in colls[rank]:
+            key = ",".join(map(str, c.group))
+            by_group[key] = by_group.get(key, 0.0) + c.ring_bytes
+        assert by_group == pytest.approx({k: g["ring"] for k, g in rec["by_group"].items()},
+                                         rel=1e-12)
+        assert sum(c.ring_bytes for c in colls[rank]) == pytest.approx(
+            rec["comm/ring_bytes_per_step"], rel=1e-12)
+
+
+def _one_node(bw: float, *, shared: bool, alpha: float = 0.0) -> Cluster:
+    return Cluster(1, 4, DEVICES["h100"], Link(bw, alpha), shared_intra=shared)
+
+
+def test_ring_formulas_by_hand() -> None:
+    world = (0, 1, 2, 3)
+    ar = [[Collective("all_reduce", world, 1000.0, 1, "backward")] for _ in world]
+    ag = [[Collective("all_gather", world, 1000.0, 1, "forward")] for _ in world]
+    rs = [[Collective("reduce_scatter", world, 1000.0, 1, "backward")] for _ in world]
+    # all-reduce: each rank sends 2·3/4·1000 = 1500 B; a per-rank link of 1e6 B/s: 1.5 ms
+    assert _phase_time(_one_node(1e6, shared=False), ar, {}) == pytest.approx(1.5e-3)
+    # one link shared by the 4 ranks carries 4 × 1500 B: 6 ms
+    assert _phase_time(_one_node(1e6, shared=True), ar, {}) == pytest.approx(6e-3)
+    # all-gather: 3/4·1000 = 750 B per rank
+    assert _phase_time(_one_node(1e6, shared=False), ag, {}) == pytest.approx(0.75e-3)
+    # gloo's reduce-scatter is an all-reduce on the wire: twice, and 2(h-1) latency steps
+    assert _phase_time(_one_node(1e6, shared=False), rs, {"reduce_scatter": 2.0}) == \
+        pytest.approx(1.5e-3)
+    # latency: 2(h-1) = 6 steps of α for an all-reduce, h-1 = 3 for an all-gather
+    assert _phase_time(_one_node(1e12, shared=False, alpha=1e-3), ar, {}) == \
+        pytest.approx(6e-3, rel=1e-6)
+    assert _phase_time(_one_node(1e12, shared=False, alpha=1e-3), ag, {}) == \
+        pytest.approx(3e-3, rel=1e-6)
+    # 2 nodes x 2 ranks, one NIC each: the ring 0→1→2→3→0 crosses out of each node once, so
+    # each NIC carries one rank's 1500 B (at 1e3 B/s: 1.5 s); the fast local links do not count
+    two = Cluster(2, 2, DEVICES["h100"], Link(1e12), Link(1e3))
+    assert _phase_time(two, ar, {}) == pytest.approx(1.5)
+    # two groups over the same NIC serialise: (0,2) and (1,3) each cross both ways
+    pairs = [[Collective("all_reduce", (r % 2, r % 2 + 2), 1000.0, 1, "backward")]
+             for r in world]
+    assert _phase_time(two, pairs, {}) == pytest.approx(2 * 1000 / 1e3)
+
+
+def test_overlap_rule() -> None:
+    # one bucket: nothing hides; many small buckets behind long compute: one bucket's share
+    assert pipelined(1.0, 5.0, 1) == 1.0
+    assert pipelined(1.0, 5.0, 4) == pytest.approx(0.25)
+    # communication longer than compute: all but (n-1)/n of the compute is exposed
+    assert pipelined(3.0, 1.0, 2) == pytest.approx(1.5 + 0.5 * 2.0)
+    assert pipelined(0.0, 1.0, 3) == 0.0
+
+
+def test_compute_follows_counted_flops() -> None:
+    spec = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
+    costs = recipe_costs(get_recipe("llama-tiny"), batch=2, seq=32,
+                         model_args={"n_layers": 4})
+    full = costs.shared.flops + sum(u.flops for u in costs.units)
+    assert rank_flops(spec, costs, None)[0].total == full
+    cluster = _one_node(1e30, shared=False)
+    t = predict_step(spec, cluster, rate=1e9, costs=costs)
+    assert t.compute_s == pytest.approx(full / 1e9)
+    # ac recomputes each block's forward once more
+    ac = predict_step(spec.replace(strategy="ddp+ac"), cluster, rate=1e9, costs=costs)
+    assert ac.compute_s - t.compute_s == pytest.approx(
+        sum(u.fwd_flops for u in costs.units) / 1e9)
+    # b-sdp at C=0.5 runs half the blocks; bb-sdp runs them all forward, less backward
+    half = predict_step(spec.replace(strategy="b-sdp", coverage=0.5), cluster, rate=1e9,
+                        costs=costs)
+    bb = predict_step(spec.replace(strategy="bb-sdp", coverage=0.5), cluster, rate=1e9,
+                      costs=costs)
+    units = sum(u.flops for u in costs.units)
+    assert half.compute_s == pytest.approx((full - units / 2) / 1e9)
+    assert half.compute_s < bb.compute_s < t.compute_s
+
+
+def test_slow_link_step_is_compute_plus_bytes() -> None:
+    """ddp has one bucket here: nothing overlaps, the step is compute + bytes / bandwidth
+    (4 ranks on one shared link)."""
+    spec = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
+    t = predict_step(spec, _one_node(1e6, shared=True), rate=1e12)
+    ring = analytic_comm(spec)[0]["comm/ring_bytes_per_step"]
+    assert t.step_s == pytest.approx(t.compute_s + 4 * ring / 1e6, rel=1e-3)
+
+
+def test_cluster_parser_and_device_table() -> None:
+    c = parse_cluster("nodes=4,gpus-per-node=8,gpu=h100,intra=900GB/s,inter=25gbit")
+    assert (c.nodes, c.ranks_per_node, c.world, c.device.name) == (4, 8, 32, "h100")
+    assert c.intra.bandwidth == 900e9 and c.inter is not None
+    assert c.inter.bandwidth == 25e9 / 8
+    assert parse_rate("100Gb/s") == parse_rate("100gbit") == 12.5e9
+    assert {"a100", "h100", "h200", "cpu"} <= set(DEVICES)
+    assert DEVICES["h100"].peak("bf16-mixed") == 989e12
+    assert DEVICES["h100"].rate("bf16-mixed") == 989e12 * DEVICES["h100"].mfu
+    for bad, words in (("nodes=0", "nodes"), ("gpu=h900", "unknown gpu"),
+                       ("nodes=2", "inter=RATE"), ("inter=fast", "rate"),
+                       ("speed=1", "key=value"), ("nodes=1,nodes=2", "twice")):
+        with pytest.raises(ValueError, match=words):
+            parse_cluster(bad)
+
+
+def test_cluster_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--recipe", "llama-tiny", "--cluster", "nodes=2,gpu=h100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "inter=RATE" in err
+
+
+def test_advisor_known_answer() -> None:
+    """With memory for neither ddp nor b-sdp, on a slow link between 2 nodes: the fitting
+    options are the sharded ones, and b-sdp+fsdp moves fewer bytes than fsdp: chosen."""
+    cluster = parse_cluster("nodes=2,gpus-per-node=2,gpu=h100,inter=1gbit")
+    base = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
+    options = ("ddp", "b-sdp", "fsdp", "b-sdp+fsdp")
+    costs = recipe_costs(get_recipe("llama-tiny"), batch=2, seq=32,
+                         model_args={"n_layers": 4})
+    peaks = {s.label: analytic_peak(s, costs)
+             for s in candidates(base, (0.5,), options)}
+    budget = max(peaks["fsdp"], peaks["b-sdp+fsdp (C=0.5)"])
+    assert budget < peaks["b-sdp (C=0.5)"] < peaks["ddp"]  # the premise
+    (rows,) = advise(base, [cluster], memory_gb=budget / 1e9, rate=1e14, coverages=(0.5,),
+                     options=options)
+    fits = {a.spec.label: a.fits for a in rows}
+    assert fits == {"ddp": False, "b-sdp (C=0.5)": False, "fsdp": True,
+                    "b-sdp+fsdp (C=0.5)": True}
+    assert [a.spec.label for a in rows if a.fastest] == ["b-sdp+fsdp (C=0.5)"]
+
+
+def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--recipe", "llama-tiny", "--cluster",
+                 "nodes=2,gpus-per-node=2,gpu=a100,inter=10gbit", "--batch-size", "2",
+                 "--seq-len", "32", "--strategies", "ddp,b-sdp+fsdp", "--coverages", "0.5",
+                 "--mfu", "0.3"]) == 0
+    out = capsys.readouterr().out
+    assert "MFU 0.3" in out and "a100 peak 156 TFLOP/s" in out
+    assert out.count("<- fastest that fits") == 1 and "b-sdp+fsdp (C=0.5)" in out
