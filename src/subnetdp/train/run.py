@@ -26,6 +26,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     say = _say if cfg.progress and "RANK" not in os.environ else None
     # torch, the models and the trainer load when a run starts, not on import
     from subnetdp.checkpoint.rundir import check_fresh, hold_run_folder
+    from subnetdp.distributed import faults
     from subnetdp.distributed.launch import WorkerFailedError
     from subnetdp.distributed.process_group import under_launcher
     from subnetdp.metrics.progress import LiveBar
@@ -52,6 +53,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         if cfg.resume:
             preflight_resume(cfg)
         check_replan_options(cfg)
+        faults.check_env(cfg.nproc)  # a testing hook ([Note: rescue]); ignored unless set
     # One writer per run folder, held across restarts and shrinks (checkpoint/rundir.py); under
     # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
     owner = not under_launcher() or os.environ.get("RANK") == "0"
