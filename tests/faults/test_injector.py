@@ -116,3 +116,18 @@ def test_reduce_hook_point_ends_the_backward(monkeypatch: pytest.MonkeyPatch) ->
     untouched: Any = object()  # any attribute access would raise AttributeError instead
     with pytest.raises(faults.InjectedFault):
         HolderReducer._finish(untouched)
+
+
+def test_commit_hook_point_is_inside_the_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that fails entering the commit is ready (its peers may roll forward) and never
+    reaches the all-reduce; a disabled commit has no hook point."""
+    from subnetdp.train.rescue import StepCommit
+
+    monkeypatch.setenv(faults.ENV, "0:1:commit:raise")
+    StepCommit(False, applied=0, device=torch.device("cpu")).reduced()
+    commit = StepCommit(True, applied=0, device=torch.device("cpu"))
+    with pytest.raises(faults.InjectedFault):
+        commit.reduced()  # no process group: the all-reduce would raise another error
+    assert commit.ready and commit.applied == 0
+    commit.applied_step()
+    assert not commit.ready and commit.applied == 1

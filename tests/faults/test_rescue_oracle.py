@@ -27,8 +27,9 @@ TINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32", "--eva
         "--model-arg", "dim=32", "--model-arg", "ffn_hidden=64", "--coverage", "0.75",
         "--min-holders", "2", "--steps", "6"]
 KILL_RANK, KILL_STEP = 2, 4
-# the phases after the commit lose nothing of step 4; those before it, step 4 itself
-CUT = {"forward": 3, "backward": 3, "reduce": 3, "optimizer": 4, "checkpoint": 4}
+# the phases before the commit lose step 4 (its gradients are incomplete), the others nothing
+# ("commit": the survivors are in the commit without the killed rank, and roll step 4 forward)
+CUT = {"forward": 3, "backward": 3, "reduce": 3, "commit": 4, "optimizer": 4, "checkpoint": 4}
 
 
 def _tensors(ckpt: Path) -> dict[tuple[str, str], torch.Tensor]:
@@ -81,7 +82,7 @@ def _oracle(tmp_path: Path, strategy: str, phase: str, capsys: pytest.CaptureFix
 def test_rescue_equals_the_uninterrupted_checkpoint(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    _oracle(tmp_path, "b-sdp", "optimizer", capsys, monkeypatch)
+    _oracle(tmp_path, "b-sdp", "commit", capsys, monkeypatch)
 
 
 @long_faults
@@ -91,3 +92,25 @@ def test_rescue_oracle_matrix(tmp_path: Path, strategy: str, phase: str,
                               capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch) -> None:
     _oracle(tmp_path, strategy, phase, capsys, monkeypatch)
+
+
+@long_faults
+@pytest.mark.parametrize(("extra", "reason"), [
+    (["--coverage", "0.25", "--min-holders", "1"], "had no surviving holder"),
+    (["--zero", "2"], "--zero 2 shards each holder group's optimizer state"),
+    (["--fsdp"], "--fsdp shards each holder group's parameters"),
+])
+def test_fallback_to_the_newest_checkpoint(tmp_path: Path, extra: list[str], reason: str,
+                                           capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    monkeypatch.setenv(faults.ENV, f"{KILL_RANK}:{KILL_STEP}:reduce:kill")
+    capsys.readouterr()
+    assert main(["train", *TINY, *extra, "--strategy", "b-sdp", "--nproc", "4", "--min-nproc",
+                 "3", "--ckpt-every", "2", "--out", str(run)]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    said = [ln for ln in lines if "no rescue:" in ln]
+    assert len(said) == 1 and reason in said[0] and "falling back to the newest" in said[0]
+    assert any("going on with 3 from" in ln and "step_00000002" in ln for ln in lines)
+    final = read_manifest(step_dir(run / "checkpoints", 6))
+    assert final["world"] == 3

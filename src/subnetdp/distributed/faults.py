@@ -3,7 +3,8 @@
 ``SUBNETDP_FAULT=RANK:STEP:PHASE:KIND`` makes rank ``RANK`` fail at step ``STEP`` (counted from
 1) when it reaches ``PHASE``: ``forward`` (before the model's forward), ``backward`` (before the
 backward), ``reduce`` (the end of the backward, while the holder groups' reductions are in
-flight; SDP strategies), ``optimizer`` (after the step's reductions, before the update) or
+flight; SDP strategies), ``commit`` (entering the step's commit, a rescuable run's step
+boundary: [Note: rescue]), ``optimizer`` (after the commit, before the update) or
 ``checkpoint`` (before the step's checkpoint is written; a step without one never reaches it).
 ``KIND``: ``kill`` (SIGKILL itself: no cleanup, as an OOM kill or a lost machine), ``raise``
 (``InjectedFault``, a Python exception) or ``hang`` (sleep until killed; peers wait for their
@@ -23,7 +24,7 @@ __all__ = ["ENV", "KINDS", "PHASES", "Fault", "InjectedFault", "at_step", "check
            "point"]
 
 ENV = "SUBNETDP_FAULT"
-PHASES = ("forward", "backward", "reduce", "optimizer", "checkpoint")
+PHASES = ("forward", "backward", "reduce", "commit", "optimizer", "checkpoint")
 KINDS = ("kill", "raise", "hang")
 
 

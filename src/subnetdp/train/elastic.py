@@ -4,7 +4,9 @@
 Local launches (``--min-nproc N``): torch elastic first restarts the whole group at its size
 (``--max-restarts``); when a worker died by a signal (killed, OOM-killed, its device gone) and
 the restarts are used up, the launcher starts the group again with one worker fewer, down to
-``N``, resuming the newest checkpoint resharded ([Note: resharded resume]). Under
+``N``, resuming the newest checkpoint resharded ([Note: resharded resume]); or, when the
+survivors' copies cover the whole model, from the step in flight, with none replayed
+([Note: rescue] in train/rescue.py). Under
 ``torchrun --nnodes MIN:MAX`` torch elastic itself re-forms the group with the nodes left; the
 restarted workers resume the newest checkpoint and, seeing another world size, reshard.
 

@@ -90,6 +90,7 @@ class StepCommit:
         if self._flag is None:
             return
         self.ready = True
+        faults.point("commit")
         dist.all_reduce(self._flag)  # returns once every rank has entered it
 
     def applied_step(self) -> None:
