@@ -157,3 +157,23 @@ def test_rescued_config_goes_on_with_the_survivors(tmp_path: Path) -> None:
     assert "rank(s) [0] of 3 lost; rescued step 4" in line and "no step replayed" in line
     assert rescued_config(dataclasses.replace(cfg, min_nproc=3)) == (
         None, "2 survivors are fewer than --min-nproc 3")
+
+
+def test_held_pieces_leave_out_refreshed_copies() -> None:
+    """``shard(owned_only=False)``, a survivor's contribution: the pieces of units it trains
+    and the shared ones, never its copy of a unit it does not hold (backward masking keeps
+    one, refreshed from the owner, that lags by a step; nb-sdp's differed between ranks)."""
+    from subnetdp.plan.plan import Plan, Unit
+    from subnetdp.runtime.assemble import shard
+    from subnetdp.subnet.pieces import LocalPiece, Piece
+
+    plan = Plan(world=2, units=(Unit("u0", 2), Unit("u1", 2)), shared_size=1,
+                matrix=((True, False), (True, True)))
+    pieces = [Piece("w", u, 0, 2 * u, 2 * u + 2, (2,), torch.float32, True) for u in (0, 1)]
+    local = {"w": [LocalPiece(p, p.start) for p in pieces],
+             "s": [LocalPiece(Piece("s", None, None, 0, 1, (1,), torch.float32, True), 0)]}
+    tensors = {"w": torch.arange(4.0), "s": torch.ones(1)}
+    assert sorted(shard(tensors, local, plan, rank=0, owned_only=False)) == ["s", "w@0:0:2"]
+    assert sorted(shard(tensors, local, plan, rank=1, owned_only=False)) == [
+        "s", "w@0:0:2", "w@0:2:4"]
+    assert sorted(shard(tensors, local, plan, rank=1, owned_only=True)) == ["w@0:2:4"]
