@@ -4,6 +4,7 @@ parsing, and that each hook point of a step fires where it says."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from subnetdp.distributed import faults
 from subnetdp.runtime.reducer import HolderReducer
 from subnetdp.train.trainer import train_step
+from tests.faults.harness import clear_message, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -131,3 +133,16 @@ def test_commit_hook_point_is_inside_the_commit(monkeypatch: pytest.MonkeyPatch)
     assert commit.ready and commit.applied == 0
     commit.applied_step()
     assert not commit.ready and commit.applied == 1
+
+
+def test_a_bad_fault_is_one_line_before_any_worker(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(faults.ENV, "5:1:forward:kill")
+    code, err = run_cli(["train", "--recipe", "llama-tiny", "--nproc", "2", "--steps", "2",
+                         "--batch-size", "2", "--seq-len", "32", "--no-progress",
+                         "--out", str(tmp_path / "run")], capsys)
+    assert code == 2
+    assert clear_message(err) == ("subnetdp train: SUBNETDP_FAULT names rank 5, but the run has "
+                                  "2 workers (ranks 0..1)")
+    assert not (tmp_path / "run").exists()
