@@ -3,9 +3,10 @@
 ``SUBNETDP_FAULT=RANK:STEP:PHASE:KIND`` makes rank ``RANK`` fail at step ``STEP`` (counted from
 1) when it reaches ``PHASE``: ``forward`` (before the model's forward), ``backward`` (before the
 backward), ``reduce`` (the end of the backward, while the holder groups' reductions are in
-flight; SDP strategies), ``commit`` (entering the step's commit, a rescuable run's step
-boundary: [Note: rescue]), ``optimizer`` (after the commit, before the update) or
-``checkpoint`` (before the step's checkpoint is written; a step without one never reaches it).
+flight; SDP's holder-group reducer, not under ``--fsdp``), ``commit`` (entering the step's
+commit, a rescuable run's step boundary: [Note: rescue]), ``optimizer`` (after the commit,
+before the update) or ``checkpoint`` (before the step's checkpoint is written; a step without
+one never reaches it).
 ``KIND``: ``kill`` (SIGKILL itself: no cleanup, as an OOM kill or a lost machine), ``raise``
 (``InjectedFault``, a Python exception) or ``hang`` (sleep until killed; peers wait for their
 collective timeout). The fault fires once per run: the launcher disarms it (sets it empty) for
