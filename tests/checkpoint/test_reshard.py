@@ -123,7 +123,7 @@ def test_elastic_shrink_continues_on_the_survivors(tmp_path: Path,
     cfg = TrainConfig(recipe="llama-tiny", strategy="b-sdp", coverage=0.67, nproc=3, steps=8,
                       out=str(tmp_path / "run"), batch_size=2, seq_len=32, warmup=2,
                       eval_batches=1, memory_step=-1, progress=False, ckpt_every=3,
-                      max_restarts=1, min_nproc=2,
+                      max_restarts=1, min_nproc=2, rescue=False,  # the checkpoint path
                       model_args={"n_layers": 4, "dim": 64, "ffn_hidden": 128}).resolved()
     make_task(cfg)
     # Attempt 1 dies at step 4, the restart (3 workers, from step 3) dies there again; with

@@ -62,7 +62,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "connected NO" in lines[1] and "mask error 0.7500" in lines[1]
     assert "payload MB" in lines[2]
     assert lines[3].split() == ["0", "0-1", "0.250", "0.250", "0.000"]
-    assert len(lines) == 3 + 4
+    assert len(lines) == 3 + 4 + 1 and lines[-1].startswith("single-holder units 8")
 
 
 def test_explicit_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

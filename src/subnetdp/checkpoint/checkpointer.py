@@ -62,6 +62,7 @@ from subnetdp.checkpoint.files import (
     write_manifest,
     write_shard,
 )
+from subnetdp.checkpoint.rescue import write_contribution
 from subnetdp.checkpoint.reshard import PieceReader, model_shapes, reseed
 from subnetdp.filemode import FolderId, check_same_folder, folder_id, write_atomic
 from subnetdp.plan import Plan
@@ -190,6 +191,20 @@ class Checkpointer:
         write_atomic(staging / _TOKEN, token)
         return token
 
+    def save_held(self, folder: Path, done: int) -> Path:
+        """Everything this rank holds at step ``done`` (every held piece, not only its own, and
+        their optimizer state) into ``folder``, with no collective: a survivor's contribution
+        to a rescue ([Note: rescue] in train/rescue.py). Returns the contribution's record."""
+        if self.zero is not None:
+            raise CheckpointError("a ZeRO optimizer's state is sharded: nothing to rescue")
+        held = _Held(self.shards)
+        tensors = {f"model/{k}": v for k, v in held.shard_state().items()}
+        optim, like, scalar = _optimizer_pieces(self.opt.state, self.opt_params, self.local, held)
+        owned = sorted(self.shards.shard_state())  # the pieces its checkpoint file would hold
+        return write_contribution(folder, rank=self.rank, world=self.world, step=done,
+                                  tensors={**tensors, **optim}, owned=owned,
+                                  manifest=self._manifest(done, {}, like, scalar))
+
     def _on_rank0(self, action: Callable[[], str], final: Path) -> str:
         """``action()`` on rank 0, its result broadcast; an ``OSError`` there fails all."""
         box: list[Any] = [None]
@@ -260,8 +275,23 @@ class Checkpointer:
             reseed(self.cfg.seed, step, self.rank)
         else:
             own = ShardReader(ckpt, [shard_name(self.rank)], "rng/")
-            _restore_rng(own, own.metadata(shard_name(self.rank)))
+            if "torch" in own:
+                _restore_rng(own, own.metadata(shard_name(self.rank)))
+            else:  # a rescued checkpoint: the lost rank's streams are gone ([Note: rescue])
+                reseed(self.cfg.seed, step, self.rank)
         return step
+
+
+class _Held:
+    """A rank model's ``shard_state`` of every piece it holds, owned or not."""
+
+    def __init__(self, model: RankModel) -> None:
+        self.model = model
+        self.to_plain = model.to_plain
+
+    def shard_state(self, tensors: Mapping[str, torch.Tensor] | None = None
+                    ) -> dict[str, torch.Tensor]:
+        return self.model.shard_state(tensors, owned_only=False)
 
 
 def _restarted_into_another_world(manifest: dict[str, Any], world: int) -> bool:

@@ -289,7 +289,21 @@ def format_table(rep: dict) -> str:
             f"{i:>6}  {_ranges(held):<20}  {rep['unit_coverage'][i]:>8.3f}  "
             f"{rep['param_coverage'][i]:>9.3f}  {mb:>10.3f}"
         )
+    lines.append(_rescue_line(rep))
     return "\n".join(lines)
+
+
+def _rescue_line(rep: dict) -> str:
+    """Whether losing one worker costs a rollback to the newest checkpoint ([Note: rescue])."""
+    ok, world = rep["rescuable_ranks"], rep["world"]
+    line = f"single-holder units {rep['single_holder_units']}   "
+    if world > 1 and len(ok) == world:
+        return line + ("a lost worker is recoverable without rollback (any one rank; "
+                       "--min-nproc, not with --zero/--fsdp)")
+    if not ok or world == 1:
+        return line + "a lost worker costs a rollback to the newest checkpoint (--min-holders 2)"
+    return line + (f"only the loss of rank(s) {_ranges(ok)} is recoverable without rollback "
+                   "(--min-holders 2 for any)")
 
 
 def _budget(args: argparse.Namespace) -> int:

@@ -124,8 +124,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                         "recorded it (tokenised with the run's own tokenizer)")
     k.add_argument("--min-nproc", type=int, default=None, metavar="N",
                    help="elastic shrink: after a worker is lost for good (restarts used up), "
-                        "go on with one worker fewer, down to N, from the newest checkpoint "
-                        "(default: never shrink)")
+                        "go on with one worker fewer, down to N, from the survivors' copies of "
+                        "the step in flight when every unit has two holders, else from the "
+                        "newest checkpoint (default: never shrink)")
+    k.add_argument("--no-rescue", dest="rescue", action="store_false", default=None,
+                   help="with --min-nproc: always go on from the newest checkpoint, never "
+                        "from the survivors' copies of the step in flight (docs/checkpointing.md)")
 
     r = g["run"]
     # default None (meaning 4) so that an explicit --nproc 4 is seen when resuming

@@ -36,6 +36,11 @@ def plan_report(
         out["units_per_layer"] = n
     out["model"] = model
     out["shared_size"] = plan.shared_size
+    # a lost rank's units live on if each has another holder ([Note: rescue], train/rescue.py)
+    single = [u for u in range(plan.num_units) if len(plan.holders(u)) == 1]
+    out["single_holder_units"] = len(single)
+    out["rescuable_ranks"] = [r for r in range(plan.world)
+                              if not any(plan.holders(u) == (r,) for u in single)]
     out["unit_names"] = [u.name for u in plan.units]
     out["unit_sizes"] = plan.unit_sizes
     out["bytes_per_worker"] = [

@@ -31,6 +31,11 @@ def owns(piece: Piece, plan: Plan, rank: int) -> bool:
     return rank == 0 if piece.unit is None else plan.owner(piece.unit) == rank
 
 
+def holds(piece: Piece, plan: Plan, rank: int) -> bool:
+    """Whether ``rank`` trains the piece: a holder of its unit; everyone for shared pieces."""
+    return piece.unit is None or rank in plan.holders(piece.unit)
+
+
 def shard(
     tensors: Mapping[str, torch.Tensor],
     local: Mapping[str, Sequence[LocalPiece]],
@@ -40,11 +45,12 @@ def shard(
     owned_only: bool,
 ) -> dict[str, torch.Tensor]:
     """Pieces of local tensors (keyed like ``local``) under their full-model names, as
-    contiguous CPU copies; with ``owned_only``, only the pieces this rank owns."""
+    contiguous CPU copies; with ``owned_only``, only the pieces this rank owns, else those
+    it holds (a copy of a unit it does not hold, refreshed under backward masking, lags)."""
     out = {}
     for key, t in tensors.items():
         for lp in local[key]:
-            if owned_only and not owns(lp.piece, plan, rank):
+            if not (owns(lp.piece, plan, rank) if owned_only else holds(lp.piece, plan, rank)):
                 continue
             out[lp.piece.name] = lp.view(t.detach()).to("cpu", copy=True).contiguous()
     return out

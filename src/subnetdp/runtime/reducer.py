@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from subnetdp.distributed import faults
 from subnetdp.plan import Plan
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.subnet.pieces import LocalPiece, Piece
@@ -407,6 +408,7 @@ class HolderReducer:
             b.buffer = None
 
     def _finish(self) -> None:
+        faults.point("reduce")  # a testing hook, ignored unless set (distributed/faults.py)
         # Buckets still pending had parameters that received no gradient this backward.
         for b in self.buckets[self._next :]:
             self._launch(b)

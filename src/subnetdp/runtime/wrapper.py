@@ -386,7 +386,7 @@ class SubnetDataParallel(nn.Module):
         or ``f"{key}@{dim}:{start}:{stop}"`` for a slice of the full entry along ``dim`` (n-sdp).
         With ``owned_only`` only pieces this rank owns are returned (units whose lowest-ranked
         holder it is; shared entries on rank 0), so the ranks' shards cover the full model
-        exactly once. Values are contiguous CPU copies.
+        exactly once; without it, every piece it holds (trains). Values are contiguous CPU copies.
         """
         src = self.backend.local_state() if tensors is None else self.backend.plain(tensors)
         return shard(src, self.local, self.plan, rank=self.rank, owned_only=owned_only)

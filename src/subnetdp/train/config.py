@@ -76,6 +76,9 @@ class TrainConfig:
     overwrite: bool = False
     reshard: bool = False
     min_nproc: int | None = None
+    # rescue = on a lost worker, go on from the survivors' copies of the step in flight instead
+    # of the newest checkpoint when the plan allows it (train/rescue.py, [Note: rescue])
+    rescue: bool = True
     # Seconds a collective may wait for a peer before the group stops, naming the silent rank
     # (also bounds worker start-up); evaluation and checkpoint writes get longer
     # (distributed/timeouts.py).

@@ -4,7 +4,9 @@
 Local launches (``--min-nproc N``): torch elastic first restarts the whole group at its size
 (``--max-restarts``); when a worker died by a signal (killed, OOM-killed, its device gone) and
 the restarts are used up, the launcher starts the group again with one worker fewer, down to
-``N``, resuming the newest checkpoint resharded ([Note: resharded resume]). Under
+``N``, resuming the newest checkpoint resharded ([Note: resharded resume]); or, when the
+survivors' copies cover the whole model, from the step in flight, with none replayed
+([Note: rescue] in train/rescue.py). Under
 ``torchrun --nnodes MIN:MAX`` torch elastic itself re-forms the group with the nodes left; the
 restarted workers resume the newest checkpoint and, seeing another world size, reshard.
 
@@ -20,6 +22,7 @@ the survivors' shards cover all of it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -27,13 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.checkpoint.files import checkpoints_root, newest_checkpoint, read_manifest
+from subnetdp.checkpoint.rescue import RescueUnavailableError, clear_rescue, compose_rescue
+from subnetdp.distributed import faults
 from subnetdp.distributed.launch import WorkerFailedError, launch
+from subnetdp.distributed.process_group import under_launcher
 from subnetdp.metrics.sinks import rank_jsonl_path
 from subnetdp.plan import Plan
 from subnetdp.train.config import TrainConfig, config_keys
+from subnetdp.train.rescue import rescue_blocker
 from subnetdp.train.resume import truncate_metrics
 
-__all__ = ["check_replan_options", "launch_shrinking", "shrunk_config"]
+__all__ = ["check_replan_options", "launch_shrinking", "rescued_config", "shrunk_config"]
 
 
 def check_replan_options(cfg: TrainConfig) -> None:
@@ -62,19 +69,61 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
     good ([Note: elastic shrink]). ``plan``: the run's plan, handed to the first group (a
     shrunk group re-plans for its world: ``fn`` then gets the config alone). Returns the last
     attempt's ``{rank: result}``."""
-    while True:
-        args = (cfg.to_dict(),) if plan is None else (cfg.to_dict(), plan)
-        try:
-            return launch(fn, args, nproc=cfg.nproc, run_id=run_id,
-                          max_restarts=cfg.max_restarts, start_method=start_method, **launch_kw)
-        except WorkerFailedError as e:
-            smaller = shrunk_config(cfg, e.failures)
-            if smaller is None:
-                raise
-            print(f"subnetdp train: {_lost(e.failures)} of {cfg.nproc} workers lost for good; "
-                  f"going on with {smaller.nproc} from {smaller.resume} (resharded; the steps "
-                  "after it are replayed)", file=sys.stderr)
-            cfg, plan = smaller, None
+    armed = os.environ.get(faults.ENV)
+    try:
+        while True:
+            args = (cfg.to_dict(),) if plan is None else (cfg.to_dict(), plan)
+            if not under_launcher():  # an earlier group's contributions never mix in
+                clear_rescue(cfg.out)
+            try:
+                return launch(fn, args, nproc=cfg.nproc, run_id=run_id,
+                              max_restarts=cfg.max_restarts, start_method=start_method,
+                              **launch_kw)
+            except WorkerFailedError as e:
+                os.environ[faults.ENV] = ""  # an injected fault fires once per run
+                smaller, why = rescued_config(cfg)
+                if smaller is not None:
+                    print(f"subnetdp train: {why}", file=sys.stderr)
+                    cfg, plan = smaller, None
+                    continue
+                smaller = shrunk_config(cfg, e.failures)
+                if smaller is None:
+                    raise
+                if why:
+                    print(f"subnetdp train: no rescue: {why}; falling back to the newest "
+                          "checkpoint", file=sys.stderr)
+                print(f"subnetdp train: {_lost(e.failures)} of {cfg.nproc} workers lost for "
+                      f"good; going on with {smaller.nproc} from {smaller.resume} (resharded; "
+                      "the steps after it are replayed)", file=sys.stderr)
+                cfg, plan = smaller, None
+    finally:
+        if armed is None:
+            os.environ.pop(faults.ENV, None)
+        else:
+            os.environ[faults.ENV] = armed
+
+
+def rescued_config(cfg: TrainConfig) -> tuple[TrainConfig | None, str]:
+    """The next attempt's configuration from the survivors' copies ([Note: rescue]) and the
+    line that says so; or None and why not ("" when the run does not use rescue)."""
+    if cfg.min_nproc is None:
+        return None, ""
+    blocker = rescue_blocker(cfg)
+    if blocker is not None:
+        return None, blocker if cfg.rescue else ""
+    try:
+        ckpt, step, survivors = compose_rescue(cfg.out)
+    except RescueUnavailableError as e:
+        return None, str(e)
+    if len(survivors) < cfg.min_nproc:
+        return None, f"{len(survivors)} survivors are fewer than --min-nproc {cfg.min_nproc}"
+    smaller = dataclasses.replace(cfg, nproc=len(survivors), resume=str(ckpt), reshard=True)
+    for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the step
+        truncate_metrics(rank_jsonl_path(Path(cfg.out), rank), step)
+    lost = sorted(set(range(cfg.nproc)) - set(survivors))
+    return smaller, (f"rank(s) {lost} of {cfg.nproc} lost; rescued step {step} from the "
+                     f"survivors' copies ({ckpt}); going on with "
+                     f"{smaller.nproc} workers, resharded, no step replayed")
 
 
 def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> TrainConfig | None:

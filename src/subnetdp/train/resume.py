@@ -51,7 +51,7 @@ __all__ = [
 # maths (``steps`` extends the run; the cosine schedule is then computed for the new length).
 RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "max_restarts",
                                 "eval_batches", "memory_step", "log_every", "resume",
-                                "min_nproc", "collective_timeout",
+                                "min_nproc", "rescue", "collective_timeout",
                                 # watching the run (metrics/tracking.py)
                                 "tensorboard", "wandb", "wandb_project", "eval_every",
                                 "peak_tflops",

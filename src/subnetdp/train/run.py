@@ -34,6 +34,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         hold_run_folder,
         set_aside_newer,
     )
+    from subnetdp.distributed import faults
     from subnetdp.distributed.launch import WorkerFailedError
     from subnetdp.distributed.process_group import under_launcher
     from subnetdp.filemode import check_no_links, folder_id, write_atomic
@@ -68,6 +69,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         if cfg.resume:
             preflight_resume(cfg)
         check_replan_options(cfg)
+        faults.check_env(cfg.nproc)  # a testing hook ([Note: rescue]); ignored unless set
     # One writer per run folder, held across restarts and shrinks (checkpoint/rundir.py); under
     # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
     owner = not under_launcher() or os.environ.get("RANK") == "0"

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError, run_info
+from subnetdp.distributed import faults
 from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.distributed.signals import GracefulStop
 from subnetdp.distributed.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
@@ -38,6 +39,7 @@ from subnetdp.train.build import build_rank, make_optimizer, run_plan, save_plan
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.device import run_device, to_device
 from subnetdp.train.flops import rank_step_flops
+from subnetdp.train.rescue import StepCommit, rescue_enabled, save_rescue
 from subnetdp.train.resume import (
     drop_replayed_metrics,
     not_finite_error,
@@ -54,17 +56,25 @@ WARMUP_STEPS = 2  # excluded from the median step time (allocations, DDP bucket 
 def train_step(
     rank: RankModel, opt: torch.optim.Optimizer, sched: Any, task: Task,
     batch: tuple[torch.Tensor, torch.Tensor], grad_clip: float,
+    commit: StepCommit | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """batch -> forward/backward (gradients come back reduced) -> clip -> step. Returns the
     loss and the gradient norm as device tensors: reading them is a host sync, left to the
-    caller's log steps."""
+    caller's log steps. ``commit``: the step boundary of a rescuable run ([Note: rescue])."""
     x, y = batch
+    faults.point("forward")
     loss = task.loss(rank.model(x), y)
+    faults.point("backward")
     loss.backward()
     # the full model's norm, the same on every holder (SDP: each piece counted by its owner)
     norm = rank.clip_grad_norm_(grad_clip) if grad_clip > 0 else None
+    if commit is not None:
+        commit.reduced()
+    faults.point("optimizer")
     opt.step()
     sched.step()
+    if commit is not None:
+        commit.applied_step()
     opt.zero_grad(set_to_none=True)
     return loss.detach(), None if norm is None else norm.detach()
 
@@ -210,22 +220,28 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
                       wandb_project=cfg.wandb_project or ("subnetdp" if cfg.wandb else None),
                       config=cfg.to_dict(), enabled=rank == 0)
     loop_start = time.perf_counter()
-    with JsonlSink(rank_jsonl_path(out, rank)) as sink:
+    # a lost peer: save what this rank holds for the launcher to compose ([Note: rescue])
+    commit = StepCommit(rescue_enabled(cfg), applied=start, device=device)
+    with (JsonlSink(rank_jsonl_path(out, rank)) as sink,
+          save_rescue(commit, ckpt, opt, sched, out)):
         for done in range(start + 1, cfg.steps + 1):  # steps are counted from 1 (torchtitan)
+            faults.at_step(done)
             batch = to_device(next(batches), device)
             lr = sched.get_last_lr()[0]  # the rate this step uses
             sent_before, refreshed_before = comm.total_bytes, comm.total_refresh_bytes
             t0 = time.perf_counter()
             if done == cfg.memory_step:
                 (loss, norm), report = measure_step_memory(
-                    partial(train_step, model, opt, sched, task, batch, cfg.grad_clip or 0.0),
+                    partial(train_step, model, opt, sched, task, batch, cfg.grad_clip or 0.0,
+                            commit),
                     modules=model.tracked_modules(), optimizers=[opt],
                     grad_tensors=model.grad_buffers(),
                 )
                 memory = report.to_dict()
                 max_active = report.peak_bytes / 2**30
             else:
-                loss, norm = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0)
+                loss, norm = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0,
+                                        commit)
             dt = time.perf_counter() - t0
             # A segment too short for a warm-up (a resume near the end) times every step.
             warm = done - start > WARMUP_STEPS or cfg.steps - start <= WARMUP_STEPS
@@ -248,6 +264,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
                 losses += window.flush(sink, out, tracker, state_finite(model, opt))
                 progress.update(done, loss=losses[-1], tps=tps * world, lr=float(lr))
             if due:
+                faults.point("checkpoint")
                 with slow_phase(cfg.collective_timeout):
                     ckpt.save(done)
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:

@@ -1,0 +1,179 @@
+"""Rescue, in process: the launcher composes a checkpoint from the survivors' contributions only
+when every piece has a surviving holder, all are at one step and copies agree ([Note: rescue]);
+otherwise it says why in one line. The launched oracle is tests/faults/test_rescue_oracle.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from subnetdp.checkpoint.files import read_manifest, step_dir
+from subnetdp.checkpoint.rescue import (
+    RescueUnavailableError,
+    compose_rescue,
+    rescue_attempt_dir,
+    write_contribution,
+)
+from subnetdp.train.config import TrainConfig
+from subnetdp.train.elastic import rescued_config
+from subnetdp.train.rescue import rescue_blocker
+
+WORLD = 3
+# a unit "a" held by ranks 0, 1; a weight "b" in two slices, held by {1, 2} and {0, 2}; a
+# shared entry "s" held by all. The owner of a piece is its lowest holder.
+HOLDERS = {"a": [0, 1], "b@0:0:1": [1, 2], "b@0:1:2": [0, 2], "s": [0, 1, 2]}
+
+
+def _manifest(step: int) -> dict[str, Any]:
+    return {"format": "subnetdp-checkpoint", "version": 2, "step": step, "world": WORLD,
+            "strategy": "b-sdp", "time": 0.0, "plan": {}, "recipe": "toy",
+            "model_overrides": {}, "config": {},
+            "model_state": [["a", [4], "torch.float32"], ["b", [2, 4], "torch.float32"],
+                            ["s", [3], "torch.float32"]],
+            "optimizer": {"class": "AdamW", "like_states": ["exp_avg"],
+                          "scalar_states": ["step"], "param_groups": [{"lr": 0.1}],
+                          "scheduler": {}},
+            "files": {}}
+
+
+def _value(piece: str, step: int) -> torch.Tensor:
+    shape = {"a": [4], "s": [3]}.get(piece, [1, 4])
+    return torch.full(shape, float(step)) + len(piece)
+
+
+def _contribute(run: Path, rank: int, step: int, holders: dict[str, list[int]] = HOLDERS,
+                tamper: str | None = None) -> None:
+    held = [p for p, ranks in holders.items() if rank in ranks]
+    tensors: dict[str, torch.Tensor] = {}
+    for p in held:
+        tensors[f"model/{p}"] = _value(p, step) + (1 if p == tamper else 0)
+        if p != "s":  # the shared entry is a buffer here: no optimizer state
+            tensors[f"optim/exp_avg/{p}"] = _value(p, step) * 2
+            tensors[f"optim_scalar/step/{p.split('@')[0]}"] = torch.tensor(float(step))
+    owned = [p for p in held if min(holders[p]) == rank]
+    write_contribution(rescue_attempt_dir(run), rank=rank, world=WORLD, step=step,
+                       tensors=tensors, owned=owned, manifest=_manifest(step))
+
+
+def _file(ckpt: Path, rank: int) -> dict[str, torch.Tensor]:
+    h = safe_open(str(ckpt / f"rank{rank:05d}.safetensors"), framework="pt")
+    return {k: h.get_tensor(k) for k in h.keys()}  # noqa: SIM118
+
+
+def test_composes_each_piece_into_its_owners_file(tmp_path: Path) -> None:
+    for rank in (1, 2):  # rank 0 lost; rank 1 also rolled forward to step 5, rank 2 did not
+        _contribute(tmp_path, rank, 4)
+    _contribute(tmp_path, 1, 5)
+    ckpt, step, survivors = compose_rescue(tmp_path)
+    assert (ckpt, step, survivors) == (step_dir(tmp_path / "checkpoints", 4), 4, [1, 2])
+    manifest = read_manifest(ckpt)
+    assert manifest["step"] == 4 and manifest["world"] == WORLD
+    files = [_file(ckpt, r) for r in range(WORLD)]
+    # the lost owner's pieces (a, b@0:1:2, s) in its own file; rank 1 owns b@0:0:1; rank 2 none
+    assert sorted(files[0]) == ["model/a", "model/b@0:1:2", "model/s", "optim/exp_avg/a",
+                                "optim/exp_avg/b@0:1:2", "optim_scalar/step/a",
+                                "optim_scalar/step/b"]
+    assert sorted(files[1]) == ["model/b@0:0:1", "optim/exp_avg/b@0:0:1",
+                                "optim_scalar/step/b"]
+    assert files[2] == {}
+    assert torch.equal(files[0]["model/b@0:1:2"], _value("b@0:1:2", 4))
+
+
+def test_takes_the_newest_common_step(tmp_path: Path) -> None:
+    for rank in (1, 2):
+        _contribute(tmp_path, rank, 4)
+        _contribute(tmp_path, rank, 5)  # both ready: both rolled forward
+    assert compose_rescue(tmp_path)[1] == 5
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("none", "no survivor saved its state"),
+    ("all", "every rank saved its state: no worker was lost"),
+    ("steps", "the survivors saved no common step ({1: [5], 2: [4]})"),
+    ("tampered", "ranks 1 and 2 hold different copies of model/s at step 4 (checksums differ)"),
+    ("single", "model/b had no surviving holder (lost rank(s) [0] held it alone)"),
+])
+def test_refuses_with_one_line(tmp_path: Path, case: str, message: str) -> None:
+    if case == "all":
+        for rank in range(WORLD):
+            _contribute(tmp_path, rank, 4)
+    elif case == "steps":
+        _contribute(tmp_path, 1, 5)
+        _contribute(tmp_path, 2, 4)
+    elif case == "tampered":
+        _contribute(tmp_path, 1, 4)
+        _contribute(tmp_path, 2, 4, tamper="s")
+    elif case == "single":  # b@0:1:2 held by rank 0 alone
+        holders = {**HOLDERS, "b@0:1:2": [0]}
+        _contribute(tmp_path, 1, 4, holders)
+        _contribute(tmp_path, 2, 4, holders)
+    with pytest.raises(RescueUnavailableError) as e:
+        compose_rescue(tmp_path)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "checkpoints").exists()  # nothing written
+
+
+def test_an_existing_checkpoint_is_not_overwritten(tmp_path: Path) -> None:
+    for rank in (1, 2):
+        _contribute(tmp_path, rank, 4)
+    ckpt = step_dir(tmp_path / "checkpoints", 4)
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text("the run's own")
+    assert compose_rescue(tmp_path)[0] == ckpt
+    assert (ckpt / "manifest.json").read_text() == "the run's own"
+
+
+def _cfg(tmp_path: Path, **kw: Any) -> TrainConfig:
+    return TrainConfig(recipe="llama-tiny", strategy="b-sdp", nproc=4, min_nproc=3,
+                       ckpt_every=5, out=str(tmp_path), **kw)
+
+
+@pytest.mark.parametrize(("kw", "reason"), [
+    ({"zero": 2}, "--zero 2 shards each holder group's optimizer state"),
+    ({"fsdp": True}, "--fsdp shards each holder group's parameters"),
+])
+def test_sharded_holder_groups_fall_back_with_a_reason(tmp_path: Path, kw: dict[str, Any],
+                                                       reason: str) -> None:
+    cfg = _cfg(tmp_path, **kw)
+    assert reason in str(rescue_blocker(cfg))
+    assert rescued_config(cfg) == (None, rescue_blocker(cfg))
+    # --no-rescue, or no --min-nproc: rescue is not in play, and nothing is said
+    assert rescued_config(dataclasses.replace(cfg, rescue=False)) == (None, "")
+    assert rescued_config(dataclasses.replace(cfg, min_nproc=None)) == (None, "")
+
+
+def test_rescued_config_goes_on_with_the_survivors(tmp_path: Path) -> None:
+    for rank in (1, 2):
+        _contribute(tmp_path, rank, 4)
+    cfg = dataclasses.replace(_cfg(tmp_path), nproc=WORLD, min_nproc=2)
+    smaller, line = rescued_config(cfg)
+    assert smaller is not None and smaller.nproc == 2 and smaller.reshard
+    assert smaller.resume == str(step_dir(tmp_path / "checkpoints", 4))
+    assert "rank(s) [0] of 3 lost; rescued step 4" in line and "no step replayed" in line
+    assert rescued_config(dataclasses.replace(cfg, min_nproc=3)) == (
+        None, "2 survivors are fewer than --min-nproc 3")
+
+
+def test_held_pieces_leave_out_refreshed_copies() -> None:
+    """``shard(owned_only=False)``, a survivor's contribution: the pieces of units it trains
+    and the shared ones, never its copy of a unit it does not hold (backward masking keeps
+    one, refreshed from the owner, that lags by a step; nb-sdp's differed between ranks)."""
+    from subnetdp.plan.plan import Plan, Unit
+    from subnetdp.runtime.assemble import shard
+    from subnetdp.subnet.pieces import LocalPiece, Piece
+
+    plan = Plan(world=2, units=(Unit("u0", 2), Unit("u1", 2)), shared_size=1,
+                matrix=((True, False), (True, True)))
+    pieces = [Piece("w", u, 0, 2 * u, 2 * u + 2, (2,), torch.float32, True) for u in (0, 1)]
+    local = {"w": [LocalPiece(p, p.start) for p in pieces],
+             "s": [LocalPiece(Piece("s", None, None, 0, 1, (1,), torch.float32, True), 0)]}
+    tensors = {"w": torch.arange(4.0), "s": torch.ones(1)}
+    assert sorted(shard(tensors, local, plan, rank=0, owned_only=False)) == ["s", "w@0:0:2"]
+    assert sorted(shard(tensors, local, plan, rank=1, owned_only=False)) == [
+        "s", "w@0:0:2", "w@0:2:4"]
+    assert sorted(shard(tensors, local, plan, rank=1, owned_only=True)) == ["w@0:2:4"]

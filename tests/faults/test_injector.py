@@ -1,0 +1,148 @@
+"""The step-level fault injector (``SUBNETDP_FAULT``, distributed/faults.py), in process: its
+parsing, and that each hook point of a step fires where it says."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from subnetdp.distributed import faults
+from subnetdp.runtime.reducer import HolderReducer
+from subnetdp.train.trainer import train_step
+from tests.faults.harness import clear_message, run_cli
+
+
+@pytest.fixture(autouse=True)
+def _step_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    faults.at_step(1)
+
+
+def test_parse() -> None:
+    assert faults.parse("") is None and faults.parse("  ") is None
+    assert faults.parse("2:7:reduce:kill") == faults.Fault(2, 7, "reduce", "kill")
+    for bad in ("2:7:reduce", "x:7:reduce:kill", "2:0:reduce:kill", "2:7:update:kill",
+                "2:7:reduce:explode", "-1:7:forward:raise"):
+        with pytest.raises(ValueError, match="is not RANK:STEP:PHASE:KIND"):
+            faults.parse(bad)
+
+
+def test_check_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    faults.check_env(4)  # unset: nothing to check
+    monkeypatch.setenv(faults.ENV, "3:2:forward:raise")
+    faults.check_env(4)
+    with pytest.raises(ValueError, match="names rank 3, but the run has 2 workers"):
+        faults.check_env(2)
+    monkeypatch.setenv(faults.ENV, "3:2:sideways:raise")
+    with pytest.raises(ValueError, match="phases forward, backward"):
+        faults.check_env(4)
+
+
+def test_fires_only_at_its_rank_step_and_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(faults.ENV, "0:3:backward:raise")
+    faults.point("backward")  # step 1: no
+    faults.at_step(3)
+    faults.point("forward")  # another phase: no
+    monkeypatch.setenv("RANK", "1")
+    faults.point("backward")  # another rank: no
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(faults.InjectedFault, match="rank 0, step 3, backward"):
+        faults.point("backward")
+    monkeypatch.setenv(faults.ENV, "")  # disarmed, as the launcher leaves it after a failure
+    faults.point("backward")
+
+
+def test_kill_and_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    killed: list[int] = []
+
+    def kill(pid: int, sig: int) -> None:  # a real SIGKILL never returns
+        killed.append(sig)
+        raise SystemExit(-sig)
+
+    monkeypatch.setattr(faults.os, "kill", kill)
+    monkeypatch.setenv(faults.ENV, "0:1:forward:kill")
+    with pytest.raises(SystemExit):
+        faults.point("forward")
+    assert killed == [signal.SIGKILL]
+
+    def woken(_: float) -> None:
+        raise TimeoutError("asleep")
+
+    monkeypatch.setattr(faults.time, "sleep", woken)
+    monkeypatch.setenv(faults.ENV, "0:1:forward:hang")
+    with pytest.raises(TimeoutError):
+        faults.point("forward")
+
+
+class _Spy:
+    """A rank model, optimizer and task that record how far a step got."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.w = torch.nn.Parameter(torch.ones(2))
+
+    def model(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append("forward")
+        return (self.w * x).sum()
+
+    def step(self) -> None:
+        self.calls.append("optimizer")
+
+
+@pytest.mark.parametrize(("phase", "reached"), [("forward", []), ("backward", ["forward"]),
+                                                ("optimizer", ["forward", "commit"])])
+def test_train_step_hook_points(monkeypatch: pytest.MonkeyPatch, phase: str,
+                                reached: list[str]) -> None:
+    spy = _Spy()
+    commit = SimpleNamespace(reduced=lambda: spy.calls.append("commit"),
+                             applied_step=lambda: None)
+    opt = SimpleNamespace(step=spy.step, zero_grad=lambda **_: None)
+    task = SimpleNamespace(loss=lambda out, y: out)
+    monkeypatch.setenv(faults.ENV, f"0:1:{phase}:raise")
+    with pytest.raises(faults.InjectedFault):
+        train_step(spy, opt, SimpleNamespace(step=lambda: None), task,  # type: ignore[arg-type]
+                   (torch.ones(2), torch.ones(2)), 0.0, commit)  # type: ignore[arg-type]
+    assert spy.calls == reached
+    if phase != "forward":
+        assert (spy.w.grad is not None) == (phase == "optimizer")
+
+
+def test_reduce_hook_point_ends_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reducer's end-of-backward callback fails before it waits for any reduction."""
+    monkeypatch.setenv(faults.ENV, "0:1:reduce:raise")
+    untouched: Any = object()  # any attribute access would raise AttributeError instead
+    with pytest.raises(faults.InjectedFault):
+        HolderReducer._finish(untouched)
+
+
+def test_commit_hook_point_is_inside_the_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that fails entering the commit is ready (its peers may roll forward) and never
+    reaches the all-reduce; a disabled commit has no hook point."""
+    from subnetdp.train.rescue import StepCommit
+
+    monkeypatch.setenv(faults.ENV, "0:1:commit:raise")
+    StepCommit(False, applied=0, device=torch.device("cpu")).reduced()
+    commit = StepCommit(True, applied=0, device=torch.device("cpu"))
+    with pytest.raises(faults.InjectedFault):
+        commit.reduced()  # no process group: the all-reduce would raise another error
+    assert commit.ready and commit.applied == 0
+    commit.applied_step()
+    assert not commit.ready and commit.applied == 1
+
+
+def test_a_bad_fault_is_one_line_before_any_worker(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(faults.ENV, "5:1:forward:kill")
+    code, err = run_cli(["train", "--recipe", "llama-tiny", "--nproc", "2", "--steps", "2",
+                         "--batch-size", "2", "--seq-len", "32", "--no-progress",
+                         "--out", str(tmp_path / "run")], capsys)
+    assert code == 2
+    assert clear_message(err) == ("subnetdp train: SUBNETDP_FAULT names rank 5, but the run has "
+                                  "2 workers (ranks 0..1)")
+    assert not (tmp_path / "run").exists()
