@@ -1,0 +1,122 @@
+"""Issue 31, item 2: ``SDPTrainer`` (a Hugging Face ``Trainer``) equals subnetdp's own loop.
+
+One launch of 2 gloo workers (as torchrun's: accelerate joins the process group that exists)
+trains a small ``LlamaForCausalLM`` with b-sdp at C = 0.5, AdamW, a constant learning rate and
+norm clipping:
+
+- ``SDPTrainer`` for 6 steps, recording each rank's batches and losses, then ``save_model``;
+- subnetdp's own loop over the same batches: the same losses, rank by rank, bit for bit, and
+  the same full model as the folder ``save_model`` wrote, which ``LlamaForCausalLM`` loads;
+- ``SDPTrainer`` for 3 steps (checkpoint-3), and a fresh one resumed from it to 6: steps 4-6
+  equal the straight run's (the optimizer state came back from the shards).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from subnetdp.strategy import PlanSpec
+from tests.dist.harness import run_workers
+
+transformers = pytest.importorskip("transformers")
+pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
+
+VOCAB, CLIP, LR = 64, 0.5, 1e-2
+
+
+def _model() -> Any:
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        tie_word_embeddings=False, use_cache=False)
+    torch.manual_seed(0)  # the same initial model on every rank and in the loop
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _data() -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(7)
+    rows = torch.randint(0, VOCAB, (24, 8), generator=g)
+    return [{"input_ids": r, "labels": r} for r in rows]
+
+
+def _trainer(folder: str, steps: int, log: list[Any]) -> Any:
+    from subnetdp.integrations.hf_trainer import SDPTrainer
+
+    class Recording(SDPTrainer):
+        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            log.append(({k: v.clone() for k, v in inputs.items()}, num_items_in_batch,
+                        loss.item()))
+            return loss
+
+    args = transformers.TrainingArguments(
+        output_dir=folder, max_steps=steps, per_device_train_batch_size=2, learning_rate=LR,
+        lr_scheduler_type="constant", max_grad_norm=CLIP, save_strategy="steps", save_steps=3,
+        logging_steps=1, report_to=[], remove_unused_columns=False, use_cpu=True,
+        average_tokens_across_devices=False, disable_tqdm=True)
+    return Recording(model=_model(), args=args, train_dataset=_data(), strategy="b-sdp",
+                     plan=PlanSpec(coverage=0.5))
+
+
+def _own_loop(batches: list[Any]) -> tuple[list[float], Any]:
+    from subnetdp.integrations.wrap import SDPOptions
+
+    sdp = SDPOptions.of("b-sdp", plan=PlanSpec(coverage=0.5), framework="test").wrap(
+        _model(), torch.device("cpu"))
+    opt = torch.optim.AdamW(sdp.parameters(), lr=LR, weight_decay=0.0, fused=True)  # as HF
+    losses = []
+    for inputs, n, _ in batches:
+        loss = sdp(**inputs, **({} if n is None else {"num_items_in_batch": n})).loss
+        loss.backward()
+        sdp.clip_grad_norm_(CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses, sdp.full_state_dict()
+
+
+def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29500"})  # the group exists: no port is opened
+    straight: list[Any] = []
+    trainer = _trainer(f"{folder}/a", 6, straight)
+    trainer.train()
+    trainer.save_model(f"{folder}/export")  # every rank
+    own, full = _own_loop(straight)
+    stopped: list[Any] = []
+    _trainer(f"{folder}/b", 3, stopped).train()
+    _trainer(f"{folder}/b", 6, stopped).train(resume_from_checkpoint=f"{folder}/b/checkpoint-3")
+    out: dict[str, Any] = {"straight": [s[2] for s in straight], "own": own,
+                           "stopped": [s[2] for s in stopped]}
+    if rank == 0:
+        plain = transformers.LlamaForCausalLM.from_pretrained(f"{folder}/export")
+        state = plain.state_dict()
+        out["export_differs"] = sorted(k for k in full if not torch.equal(state[k], full[k]))
+        out["export_keys"] = sorted(state) == sorted(full)
+    return out
+
+
+def test_sdp_trainer_equals_own_loop_and_resumes_exactly(tmp_path: Path) -> None:
+    results = run_workers(_worker, 2, str(tmp_path))
+    for r in results:
+        assert len(r["straight"]) == 6
+        assert r["own"] == r["straight"]  # loss by loss, bit for bit
+        assert r["stopped"] == r["straight"]  # 3 steps, checkpoint-3, resumed 4-6
+    assert results[0]["straight"] != results[1]["straight"]
+    assert results[0]["export_keys"] and results[0]["export_differs"] == []
+    assert (tmp_path / "b" / "checkpoint-3" / "sdp").is_dir()
+
+
+def test_sdp_trainer_refuses_dropping_columns(tmp_path: Path) -> None:
+    from subnetdp.integrations.hf_trainer import SDPTrainer
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    with pytest.raises(ValueError, match="remove_unused_columns=False"):
+        SDPTrainer(model=_model(), args=args)
