@@ -65,8 +65,9 @@ class SDPTrainer(Trainer):
             raise ValueError("SDPTrainer needs TrainingArguments(remove_unused_columns=False): "
                              "the wrapper's forward takes **kwargs, so the Trainer would drop "
                              "every column")
-        if getattr(model.config, "use_cache", False):
-            model.config.use_cache = False  # a dropped block cannot fill a KV cache
+        config: Any = getattr(model, "config", None)
+        if getattr(config, "use_cache", False):
+            config.use_cache = False  # a dropped block cannot fill a KV cache
         device = args.device  # (sets up the process group, under torchrun)
         self.sdp = options.wrap(model, device)
         super().__init__(model=model, args=args, **kwargs)
@@ -122,5 +123,7 @@ class SDPTrainer(Trainer):
                  scheduler=self.lr_scheduler)
 
     def _raw_optimizer(self) -> torch.optim.Optimizer:
-        opt = self.optimizer
-        return getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps it
+        opt: Any = self.optimizer
+        raw = getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps it
+        assert isinstance(raw, torch.optim.Optimizer)
+        return raw
