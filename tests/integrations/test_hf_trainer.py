@@ -8,7 +8,9 @@ norm clipping:
 - subnetdp's own loop over the same batches: the same losses, rank by rank, bit for bit, and
   the same full model as the folder ``save_model`` wrote, which ``LlamaForCausalLM`` loads;
 - ``SDPTrainer`` for 3 steps (checkpoint-3), and a fresh one resumed from it to 6: steps 4-6
-  equal the straight run's (the optimizer state came back from the shards).
+  equal the straight run's (the optimizer state came back from the shards);
+- n-sdp (heads and MLP units of every layer, ``hf_decoder_adapter``) for 5 steps: equal to
+  the own loop, and its full, unnarrowed model loads in ``LlamaForCausalLM``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def _data() -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": r, "labels": r} for r in rows]
 
 
-def _trainer(folder: str, steps: int, log: list[Any]) -> Any:
+def _trainer(folder: str, steps: int, log: list[Any], strategy: str = "b-sdp") -> Any:
     from subnetdp.integrations.hf_trainer import SDPTrainer
 
     class Recording(SDPTrainer):
@@ -60,15 +62,18 @@ def _trainer(folder: str, steps: int, log: list[Any]) -> Any:
         lr_scheduler_type="constant", max_grad_norm=CLIP, save_strategy="steps", save_steps=3,
         logging_steps=1, report_to=[], remove_unused_columns=False, use_cpu=True,
         average_tokens_across_devices=False, disable_tqdm=True)
-    return Recording(model=_model(), args=args, train_dataset=_data(), strategy="b-sdp",
+    return Recording(model=_model(), args=args, train_dataset=_data(), strategy=strategy,
                      plan=PlanSpec(coverage=0.5))
 
 
-def _own_loop(batches: list[Any]) -> tuple[list[float], Any]:
+def _own_loop(batches: list[Any], strategy: str = "b-sdp") -> tuple[list[float], Any]:
+    from subnetdp.integrations.hf_models import hf_decoder_adapter
     from subnetdp.integrations.wrap import SDPOptions
 
-    sdp = SDPOptions.of("b-sdp", plan=PlanSpec(coverage=0.5), framework="test").wrap(
-        _model(), torch.device("cpu"))
+    model = _model()
+    adapter = hf_decoder_adapter(model) if strategy == "n-sdp" else None
+    sdp = SDPOptions.of(strategy, plan=PlanSpec(coverage=0.5), adapter=adapter,
+                        framework="test").wrap(model, torch.device("cpu"))
     opt = torch.optim.AdamW(sdp.parameters(), lr=LR, weight_decay=0.0, fused=True)  # as HF
     losses = []
     for inputs, n, _ in batches:
@@ -93,14 +98,26 @@ def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
     stopped: list[Any] = []
     _trainer(f"{folder}/b", 3, stopped).train()
     _trainer(f"{folder}/b", 6, stopped).train(resume_from_checkpoint=f"{folder}/b/checkpoint-3")
+    neuron: list[Any] = []  # n-sdp: heads and MLP units, the adapter SDPTrainer picks
+    trainer = _trainer(f"{folder}/n", 5, neuron, "n-sdp")
+    trainer.train()
+    trainer.save_model(f"{folder}/n-export")
+    narrowed = trainer.model.model.layers[0].mlp.up_proj.weight.shape[0]
+    own_n, full_n = _own_loop(neuron, "n-sdp")
     out: dict[str, Any] = {"straight": [s[2] for s in straight], "own": own,
-                           "stopped": [s[2] for s in stopped]}
+                           "stopped": [s[2] for s in stopped], "n": [s[2] for s in neuron],
+                           "own_n": own_n, "narrowed": narrowed}
     if rank == 0:
-        plain = transformers.LlamaForCausalLM.from_pretrained(f"{folder}/export")
-        state = plain.state_dict()
-        out["export_differs"] = sorted(k for k in full if not torch.equal(state[k], full[k]))
-        out["export_keys"] = sorted(state) == sorted(full)
+        out["export_differs"] = _differs(f"{folder}/export", full)
+        out["n_export_differs"] = _differs(f"{folder}/n-export", full_n)
     return out
+
+
+def _differs(folder: str, want: dict[str, torch.Tensor]) -> list[str]:
+    """The entries of the model saved in ``folder`` (loaded in the plain class) that differ."""
+    state = transformers.LlamaForCausalLM.from_pretrained(folder).state_dict()
+    return sorted(k for k in state.keys() | want.keys()
+                  if k not in state or k not in want or not torch.equal(state[k], want[k]))
 
 
 def test_sdp_trainer_equals_own_loop_and_resumes_exactly(tmp_path: Path) -> None:
@@ -109,8 +126,10 @@ def test_sdp_trainer_equals_own_loop_and_resumes_exactly(tmp_path: Path) -> None
         assert len(r["straight"]) == 6
         assert r["own"] == r["straight"]  # loss by loss, bit for bit
         assert r["stopped"] == r["straight"]  # 3 steps, checkpoint-3, resumed 4-6
+        assert len(r["n"]) == 5 and r["own_n"] == r["n"]
+        assert r["narrowed"] == 48 // 2  # n-sdp: half the MLP units on each rank
     assert results[0]["straight"] != results[1]["straight"]
-    assert results[0]["export_keys"] and results[0]["export_differs"] == []
+    assert results[0]["export_differs"] == [] and results[0]["n_export_differs"] == []
     assert (tmp_path / "b" / "checkpoint-3" / "sdp").is_dir()
 
 

@@ -24,6 +24,7 @@ that accelerate prepares only the optimizer and the data. What else changes:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ except ImportError:
     raise ImportError("subnetdp.integrations.hf_trainer needs transformers: pip install "
                       "'subnetdp[hf]'") from None
 
+from subnetdp.integrations.hf_models import hf_decoder_adapter
 from subnetdp.integrations.wrap import SDPOptions
 from subnetdp.plan import Plan
 from subnetdp.strategy import Composition, PlanSpec, RankSpec, Strategy
@@ -51,7 +53,8 @@ class SDPTrainer(Trainer):
     """A ``Trainer`` that trains ``model`` with ``strategy`` (b-sdp, n-sdp, ... or a
     ``RankSpec``; ``comp``), the plan (a ``PlanSpec``, the CLI's options, or a ``Plan``;
     default coverage 0.5) over the block list that ``auto_adapter`` finds (``blocks=`` a path,
-    or ``adapter=``: n-sdp needs one that declares neuron pairs). ``args`` must say
+    or ``adapter=``); n-sdp and nb-sdp default to ``hf_decoder_adapter`` (LLaMA-style heads
+    and MLP units). ``args`` must say
     ``remove_unused_columns=False`` (the wrapper's forward takes ``**kwargs``)."""
 
     def __init__(self, model: nn.Module, args: TrainingArguments, *,
@@ -61,6 +64,8 @@ class SDPTrainer(Trainer):
                  seed: int = 0, **kwargs: Any) -> None:
         options = SDPOptions.of(strategy, comp=comp, plan=plan, blocks=blocks, adapter=adapter,
                                 seed=seed, framework="the Hugging Face Trainer")
+        if options.spec.strategy.neuron_level and adapter is None and blocks is None:
+            options = replace(options, adapter=hf_decoder_adapter(model))
         if args.remove_unused_columns:
             raise ValueError("SDPTrainer needs TrainingArguments(remove_unused_columns=False): "
                              "the wrapper's forward takes **kwargs, so the Trainer would drop "
