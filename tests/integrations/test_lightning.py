@@ -51,6 +51,9 @@ class ToyModule(L.LightningModule):  # type: ignore[misc,name-defined]
         self.losses.append(loss.item())
         return loss
 
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        pass
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=LR)
 
@@ -97,12 +100,17 @@ def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
     straight, trainer = _fit("sdp", 6)
     assert isinstance(trainer.strategy, SDPStrategy)
     after_fit = trainer.strategy.full_state_dict()
+    try:  # the fitted module is one rank's subnetwork: refused on every rank, nothing hangs
+        trainer.validate(straight, DataLoader(range(1), batch_size=None))
+        refused = "no error"
+    except ValueError as e:
+        refused = str(e)
     ckpt = str(Path(folder) / "three.ckpt")
     first, trainer = _fit(SDPStrategy("b-sdp", plan=PlanSpec(coverage=0.5)), 3)
     trainer.save_checkpoint(ckpt)  # every rank: Lightning's file and the shards
     resumed, _ = _fit(SDPStrategy("b-sdp", plan=PlanSpec(coverage=0.5)), 6, ckpt)
     out: dict[str, Any] = {"own": own, "straight": straight.losses,
-                           "stopped": first.losses + resumed.losses}
+                           "stopped": first.losses + resumed.losses, "refused": refused}
     if rank == 0:
         plain = ToyModule.load_from_checkpoint(ckpt)  # the plain class, no strategy
         out["export_equal"] = _equal(plain.state_dict(), states[3])
@@ -122,6 +130,8 @@ def test_lightning_strategy_equals_own_loop_and_resumes_exactly(tmp_path: Path) 
         assert len(r["own"]) == 6
         assert r["straight"] == r["own"]  # loss by loss, bit for bit
         assert r["stopped"] == r["own"]  # 3 steps, checkpoint, resumed 4-6
+        assert "holds one rank's subnetwork" in r["refused"], r["refused"]
+        assert "load_from_checkpoint" in r["refused"]
     assert results[0]["own"] != results[1]["own"]  # each rank its own subnetwork and batches
     assert results[0]["export_equal"] == []
     assert results[0]["after_fit_equal"] == []

@@ -19,8 +19,10 @@ so each gradient is averaged over its block's holders. What else changes:
   ``<name>.sdp/``, where every rank writes its share of the optimizer state and its RNG
   through subnetdp's checkpointer (``subnetdp.save``); ``fit(ckpt_path=...)`` restores both,
   exactly. Both must be on a filesystem every rank sees.
-- after ``fit`` the module you passed holds this rank's subnetwork; the full model is in the
-  checkpoint (and ``strategy.full_state_dict()`` on rank 0 until the next fit).
+- after ``fit`` the module you passed holds this rank's subnetwork (validation *during* fit
+  runs each rank's subnetwork); the full model is in the checkpoint (and
+  ``strategy.full_state_dict()`` on rank 0): ``MyModule.load_from_checkpoint`` it for
+  ``validate``/``test``/``predict`` (the fitted module itself is refused, in one line).
 
 One optimizer, over the module's parameters (``configure_optimizers`` as usual); under the
 backward-masked strategies (bb-sdp, nb-sdp) over ``self.trainer.strategy.parameters()``.
@@ -51,6 +53,8 @@ from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.train.script import load, save
 
 __all__ = ["SDPStrategy", "shards_of"]
+
+_SUBNETWORK = "_subnetdp_subnetwork"  # marks a module SDPStrategy has cut to one rank's share
 
 
 def shards_of(ckpt: str | Path) -> Path:
@@ -92,10 +96,22 @@ class SDPStrategy(DDPStrategy):
         return self.model
 
     # -- set-up ----------------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer) -> None:
+        module = self.lightning_module
+        if module is not None and getattr(module, _SUBNETWORK, False):
+            # DDP's set-up would broadcast rank 0's subnetwork over other ranks' different ones
+            raise ValueError(
+                f"this {type(module).__name__} was trained with SDPStrategy and holds one rank's "
+                "subnetwork; for validate/test/predict or another fit, load the full model from "
+                f"its checkpoint ({type(module).__name__}.load_from_checkpoint(path)) or resume "
+                "with fit(ckpt_path=path) on a new module")
+        super().setup(trainer)
+
     def configure_ddp(self) -> None:
         """Called by ``DDPStrategy.setup`` when fitting: the wrapper instead of DDP."""
         assert isinstance(self.model, pl.LightningModule)
         self._fitted, self._full_state = False, None
+        setattr(self.model, _SUBNETWORK, True)  # modified in place: see setup
         self.model = self.options.wrap(self.model, self.root_device)
         # Lightning's norm clipping is per rank; holders of one block must scale alike.
         self.precision_plugin.clip_grad_by_norm = self._clip_grad_by_norm  # type: ignore[method-assign]
