@@ -133,9 +133,17 @@ def test_sdp_trainer_equals_own_loop_and_resumes_exactly(tmp_path: Path) -> None
     assert (tmp_path / "b" / "checkpoint-3" / "sdp").is_dir()
 
 
-def test_sdp_trainer_refuses_dropping_columns(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("options", "says"), [
+    ({}, "remove_unused_columns=False"),
+    ({"remove_unused_columns": False, "load_best_model_at_end": True, "eval_strategy": "steps",
+      "save_strategy": "steps"}, "load_best_model_at_end=False"),
+])
+def test_sdp_trainer_refuses_what_it_cannot_do(tmp_path: Path, options: dict[str, Any],
+                                               says: str) -> None:
+    """Before any process group or wrapper is made: the arguments are checked first."""
     from subnetdp.integrations.hf_trainer import SDPTrainer
 
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
-    with pytest.raises(ValueError, match="remove_unused_columns=False"):
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                                          **options)
+    with pytest.raises(ValueError, match=says):
         SDPTrainer(model=_model(), args=args)

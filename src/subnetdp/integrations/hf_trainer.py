@@ -19,7 +19,10 @@ that accelerate prepares only the optimizer and the data. What else changes:
   blocks) as the plain class's folder, with the tokenizer and ``training_args.bin``;
 - a checkpoint folder ``checkpoint-N`` holds that full model, and in ``checkpoint-N/sdp/``
   every rank's share of the optimizer state, the scheduler and its RNG (``subnetdp.save``);
-  ``train(resume_from_checkpoint=...)`` restores model and optimizer from the shards, exactly.
+  ``train(resume_from_checkpoint=...)`` restores model and optimizer from the shards, exactly;
+- ``evaluate``/``predict`` run each rank's subnetwork (its loss, averaged over the ranks); for
+  the full model's, load the folder ``save_model`` wrote; gradient accumulation runs the
+  wrapper's ``no_sync`` (accelerate calls it).
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ class SDPTrainer(Trainer):
             raise ValueError("SDPTrainer needs TrainingArguments(remove_unused_columns=False): "
                              "the wrapper's forward takes **kwargs, so the Trainer would drop "
                              "every column")
+        if args.load_best_model_at_end:
+            raise ValueError("SDPTrainer cannot load the best checkpoint into a rank's "
+                             "subnetwork: set load_best_model_at_end=False and load the best "
+                             "checkpoint-N folder with from_pretrained (it holds the full model)")
         config: Any = getattr(model, "config", None)
         if getattr(config, "use_cache", False):
             config.use_cache = False  # a dropped block cannot fill a KV cache
