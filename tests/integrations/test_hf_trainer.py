@@ -46,7 +46,8 @@ def _data() -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": r, "labels": r} for r in rows]
 
 
-def _trainer(folder: str, steps: int, log: list[Any], strategy: str = "b-sdp") -> Any:
+def _trainer(folder: str, steps: int, log: list[Any], strategy: str = "b-sdp",
+             save: bool = False) -> Any:
     from subnetdp.integrations.hf_trainer import SDPTrainer
 
     class Recording(SDPTrainer):
@@ -59,7 +60,8 @@ def _trainer(folder: str, steps: int, log: list[Any], strategy: str = "b-sdp") -
 
     args = transformers.TrainingArguments(
         output_dir=folder, max_steps=steps, per_device_train_batch_size=2, learning_rate=LR,
-        lr_scheduler_type="constant", max_grad_norm=CLIP, save_strategy="steps", save_steps=3,
+        lr_scheduler_type="constant", max_grad_norm=CLIP,
+        save_strategy="steps" if save else "no", save_steps=3,
         logging_steps=1, report_to=[], remove_unused_columns=False, use_cpu=True,
         average_tokens_across_devices=False, disable_tqdm=True)
     return Recording(model=_model(), args=args, train_dataset=_data(), strategy=strategy,
@@ -96,7 +98,7 @@ def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
     trainer.save_model(f"{folder}/export")  # every rank
     own, full = _own_loop(straight)
     stopped: list[Any] = []
-    _trainer(f"{folder}/b", 3, stopped).train()
+    _trainer(f"{folder}/b", 3, stopped, save=True).train()  # writes checkpoint-3
     _trainer(f"{folder}/b", 6, stopped).train(resume_from_checkpoint=f"{folder}/b/checkpoint-3")
     neuron: list[Any] = []  # n-sdp: heads and MLP units, the adapter SDPTrainer picks
     trainer = _trainer(f"{folder}/n", 5, neuron, "n-sdp")
