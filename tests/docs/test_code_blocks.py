@@ -52,6 +52,9 @@ TESTED_ELSEWHERE: dict[str, str] = {
     "docs/own-model.md": "tests/runtime/test_python_api.py runs its commands as written (stop and "
                          "resume equal a straight run) and checks that each Python block is "
                          "the example's own code or runs on its own",
+    "docs/integrations.md": "tests/integrations/test_docs_page.py runs its blocks as written, in "
+                            "page order, on two forked gloo workers (no torchrun start-up "
+                            "per block)",
 }
 
 _PAPER_SCALE = r"llama-(?:134m|500m|1b)"
