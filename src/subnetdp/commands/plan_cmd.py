@@ -42,6 +42,7 @@ from subnetdp.commands.options import (
     old_name,
     searched_strategy_list,
 )
+from subnetdp.estimate.communicators import DEFAULT_COMM_MB
 from subnetdp.plan import Plan, PlanError, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
 from subnetdp.plan.report import plan_report
@@ -111,6 +112,10 @@ def add_parser(subparsers: Any) -> None:
     budget.add_argument("--strategies", type=searched_strategy_list, metavar="S[,S...]",
                         help="one budget: search only these, e.g. b-sdp,ddp (baselines by "
                              "name: fsdp+ac; SDP composed by --fsdp/--ac; default: all)")
+    budget.add_argument("--comm-mem-mb", type=float, default=DEFAULT_COMM_MB, metavar="MB",
+                        help="device MiB each NCCL communicator takes, counted per rank in "
+                             f"the estimates (default {DEFAULT_COMM_MB:g}: NCCL's buffers at "
+                             "their defaults, docs/plans.md; 0: not counted)")
     add_batch_arguments(budget, batch_size=None, seq_len=None,
                         default_note="--memory-gb: default 1 x 2048; unit costs: the "
                                      "recipe's")
@@ -259,7 +264,8 @@ def format_table(rep: dict) -> str:
     lines = [
         title,
         f"mask error {rep['mask_error']:.4f}   spectral gap {rep['spectral_gap']:.4f}   "
-        f"connected {'yes' if rep['connected'] else 'NO'}   holder sets {rep['holder_sets']}",
+        f"connected {'yes' if rep['connected'] else 'NO'}   holder sets {rep['holder_sets']}   "
+        f"communicators per rank <= {max(rep['communicators'])}",
         f"{'worker':>6}  {'units held':<20}  {'unit cov':>8}  {'param cov':>9}  {'payload MB':>10}",
     ]
     for i, held in enumerate(rep["assignment"]):
@@ -284,6 +290,9 @@ def _budget(args: argparse.Namespace) -> int:
             raise ValueError(f"--memory-gb takes numbers separated by commas, got "
                              f"{args.memory_gb!r}") from None
         world = args.world if len(budgets) == 1 else len(budgets)
+        if args.comm_mem_mb < 0:
+            raise ValueError(f"--comm-mem-mb must be >= 0 (0: communicators not counted), "
+                             f"got {args.comm_mem_mb:g}")
         if args.recipe is None or world is None:
             raise ValueError("--memory-gb needs --recipe NAME and --nproc N")
         if args.world is not None and world != args.world:
@@ -291,7 +300,7 @@ def _budget(args: argparse.Namespace) -> int:
                              f"{args.world}; give one per worker (or one for all)")
         base = BenchSpec(recipe=args.recipe, strategy="ddp", world=world,
                          batch=args.batch_size or 1, seq=args.seq_len or 2048,
-                         dtype=args.dtype)
+                         dtype=args.dtype, comm_mem_mb=args.comm_mem_mb)
         if len(budgets) > 1:
             if args.strategies:
                 raise ValueError("--strategies searches one budget; with one budget per "
