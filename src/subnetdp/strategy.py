@@ -247,6 +247,7 @@ class PlanSpec:
     balance: str = DEFAULT_BALANCE
     capacities: tuple[float, ...] | None = None
     min_holders: int = 1
+    max_groups: int | None = None  # at most this many distinct holder sets (plan.schemes)
     neuron_groups: int | None = None
     neuron_kinds: str | None = None
     rotate: bool = False

@@ -163,6 +163,10 @@ def add_scheme_arguments(p: Container, *, default: str | None) -> None:
                         f"(default {DEFAULT_BALANCE})")
     p.add_argument("--min-holders", type=int, default=1, metavar="H",
                    help="every unit is held by at least H workers (default 1)")
+    p.add_argument("--max-groups", type=int, default=None, metavar="K",
+                   help="spread/random: at most K distinct holder sets (process groups, each "
+                        "an NCCL communicator): units tiled into K holder patterns "
+                        "(docs/plans.md; default: no bound)")
 
 
 def strategy_label(text: str) -> str:

@@ -139,7 +139,8 @@ def _plan_spec(args: argparse.Namespace, capacities: list[float] | None) -> Plan
     return PlanSpec(coverage=args.coverage if args.coverage is not None else 1.0,
                     scheme=args.scheme or "spread", balance=args.balance,
                     capacities=None if capacities is None else tuple(capacities),
-                    min_holders=args.min_holders, neuron_groups=args.neuron_groups,
+                    min_holders=args.min_holders, max_groups=args.max_groups,
+                    neuron_groups=args.neuron_groups,
                     neuron_kinds=args.neuron_kinds, rotate=args.rotate, seed=args.seed)
 
 
@@ -200,7 +201,7 @@ def plan_from_args(args: argparse.Namespace, strategy: Strategy,
     return make_plan(world=args.world, units=args.units, coverage=spec.plan_coverage,
                      scheme="balanced" if spec.balanced else spec.scheme, seed=spec.seed,
                      shared_size=args.shared_size, capacities=capacities,
-                     min_holders=spec.min_holders), None
+                     min_holders=spec.min_holders, max_groups=spec.max_groups), None
 
 
 def _capacities(text: str | None, world: int) -> list[float] | None:
