@@ -120,6 +120,7 @@ class Composition:
     ddp_bucket_view: bool = True
     fsdp_prefetch: bool = True
     zero: int = 0
+    compile: bool = False  # torch.compile per block (runtime.compile)
 
     def check(self, strategy: Strategy) -> None:
         """Refuse combinations that cannot be built, with a message that says what to do."""

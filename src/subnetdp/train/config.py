@@ -92,6 +92,7 @@ class TrainConfig:
     # reduce_dtype = the dtype FSDP averages gradients in (None: the master dtype).
     fsdp: bool = False
     ac: bool = False
+    compile: bool = False  # torch.compile per block (runtime.compile)
     dtype: str = "fp32"
     reduce_dtype: str | None = None
     # ZeRO inside holder groups (runtime/zero.py): 1 shards the optimizer state over each
