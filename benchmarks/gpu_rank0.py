@@ -85,7 +85,7 @@ def torchtitan_flops_per_token(spec: BenchSpec) -> float:
     """torchtitan's ``get_num_flop_per_token``: 6 x parameters without the token embedding
     + 12 x layers x heads x head_dim x seq (attention), for the full model."""
     _, model = meta_model(spec)
-    cfg = model.config  # type: ignore[attr-defined]
+    cfg: Any = model.config
     params = sum(p.numel() for n, p in model.named_parameters() if "tok_embeddings" not in n)
     return 6.0 * params + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * spec.seq
 
