@@ -9,8 +9,9 @@ The order, the same for every strategy:
 2. **Materialise.** Baselines allocate the full model with subnetdp's name-seeded init (so a
    baseline starts from exactly the values the subnetworks' union starts from); SDP leaves it
    on the meta device and ``SubnetDataParallel`` allocates only the held units.
-3. **Activation checkpointing** per block, before any data-parallel wrapper, so that FSDP's
-   hooks stay outside the recomputed region (SDP: inside the wrapper, same position).
+3. **Compile and activation checkpointing** per block, before any data-parallel wrapper, so
+   that FSDP's hooks stay outside the recomputed region (SDP: inside the wrapper, same
+   position); ``--compile`` compiles each block's forward, which checkpointing then wraps.
 4. **The data-parallel wrapper:** torch DDP (the fair one: [Note: the fair DDP baseline]),
    FSDP2 over the world, or ``SubnetDataParallel`` (holder reducer, or FSDP2 per holder group);
    mixed precision is torch.autocast around DDP's and the reducer's forward, FSDP's
@@ -28,6 +29,7 @@ from torch import nn
 
 from subnetdp.plan import Plan, make_plan
 from subnetdp.runtime.checkpointing import checkpoint_blocks
+from subnetdp.runtime.compile import compile_blocks
 from subnetdp.runtime.rank import FSDPRank, RankModel, TorchDDPRank
 from subnetdp.strategy import HOLDER_REDUCER, Composition, RankSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
@@ -100,8 +102,11 @@ def parallelize(
     full = build_full_model(model, adapter, device=dev, seed=seed)  # 2. materialise
     if prepare_full is not None:
         prepare_full(full)
-    if comp.ac:  # 3.
-        checkpoint_blocks(full, [name for name, _ in unit_modules(full, adapter)])
+    blocks = [name for name, _ in unit_modules(full, adapter)]
+    if comp.compile:  # 3.
+        compile_blocks(full, blocks)
+    if comp.ac:
+        checkpoint_blocks(full, blocks)
     if comp.fsdp:  # 4.
         return _fsdp(full, adapter, strat, comp, dev)
     if (dtype := compute_dtype(comp)) is not None:

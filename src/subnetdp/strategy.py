@@ -120,6 +120,7 @@ class Composition:
     ddp_bucket_view: bool = True
     fsdp_prefetch: bool = True
     zero: int = 0
+    compile: bool = False  # torch.compile per block (runtime.compile)
 
     def check(self, strategy: Strategy) -> None:
         """Refuse combinations that cannot be built, with a message that says what to do."""
@@ -247,6 +248,7 @@ class PlanSpec:
     balance: str = DEFAULT_BALANCE
     capacities: tuple[float, ...] | None = None
     min_holders: int = 1
+    max_groups: int | None = None  # at most this many distinct holder sets (plan.schemes)
     neuron_groups: int | None = None
     neuron_kinds: str | None = None
     rotate: bool = False

@@ -11,6 +11,7 @@ import pytest
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.plan import Plan, worker_bytes
+from subnetdp.plan.communicators import communicators_per_rank
 
 pytestmark = pytest.mark.dist
 STEPS = 6
@@ -49,6 +50,7 @@ def test_bsdp_summary_matches_the_plan(lm_runs) -> None:
         assert [row["step"] for row in rows] == list(range(1, STEPS + 1))
         assert all(row["comm/bytes_per_step"] == wb.allreduce_payload for row in rows)
     assert summary["plan"]["mask_error"] > 0
+    assert summary["plan"]["communicators"] == communicators_per_rank(plan)
 
 
 def test_ddp_baseline_holds_and_sends_everything(lm_runs) -> None:

@@ -106,13 +106,18 @@ def add_strategy_argument(p: Container, *, default: str, sdp_only: bool = False,
                        help=f"{note + '. ' if note else ''}{what} {default_help}")
 
 
-def add_composition_arguments(p: Container, *, zero: bool = False) -> None:
+def add_composition_arguments(p: Container, *, zero: bool = False,
+                              compile: bool = False) -> None:
     """``--fsdp`` and ``--ac`` (and ``--zero``, where the command uses it): what a strategy is
     composed with (``strategy.Composition``)."""
     p.add_argument("--fsdp", action="store_true",
                    help="shard each held unit over its holders with FSDP2 and shared "
                         "parameters over all workers (with ddp: plain FSDP2)")
     p.add_argument("--ac", action="store_true", help="activation checkpointing per block")
+    if compile:
+        p.add_argument("--compile", action="store_true",
+                       help="torch.compile each block (torchtitan style; the first step "
+                            "compiles, no recompilation after it: docs/composition.md)")
     if not zero:
         return
     p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2),
@@ -163,6 +168,10 @@ def add_scheme_arguments(p: Container, *, default: str | None) -> None:
                         f"(default {DEFAULT_BALANCE})")
     p.add_argument("--min-holders", type=int, default=1, metavar="H",
                    help="every unit is held by at least H workers (default 1)")
+    p.add_argument("--max-groups", type=int, default=None, metavar="K",
+                   help="spread/random: at most K distinct holder sets (process groups, each "
+                        "an NCCL communicator): units tiled into K holder patterns "
+                        "(docs/plans.md; default: no bound)")
 
 
 def strategy_label(text: str) -> str:

@@ -45,6 +45,7 @@ from subnetdp.commands.options import (
 )
 from subnetdp.estimate.cluster import DEVICES
 from subnetdp.estimate.cluster import KEYS as CLUSTER_KEYS
+from subnetdp.estimate.communicators import DEFAULT_COMM_MB
 from subnetdp.plan import Plan, PlanError, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
 from subnetdp.plan.report import plan_report
@@ -114,6 +115,10 @@ def add_parser(subparsers: Any) -> None:
     budget.add_argument("--strategies", type=searched_strategy_list, metavar="S[,S...]",
                         help="one budget: search only these, e.g. b-sdp,ddp (baselines by "
                              "name: fsdp+ac; SDP composed by --fsdp/--ac; default: all)")
+    budget.add_argument("--comm-mem-mb", type=float, default=DEFAULT_COMM_MB, metavar="MB",
+                        help="device MiB each NCCL communicator takes, counted per rank in "
+                             f"the estimates (default {DEFAULT_COMM_MB:g}: NCCL's buffers at "
+                             "their defaults, docs/plans.md; 0: not counted)")
     add_batch_arguments(budget, batch_size=None, seq_len=None,
                         default_note="--memory-gb: default 1 x 2048; unit costs: the "
                                      "recipe's")
@@ -155,7 +160,8 @@ def _plan_spec(args: argparse.Namespace, capacities: list[float] | None) -> Plan
     return PlanSpec(coverage=args.coverage if args.coverage is not None else 1.0,
                     scheme=args.scheme or "spread", balance=args.balance,
                     capacities=None if capacities is None else tuple(capacities),
-                    min_holders=args.min_holders, neuron_groups=args.neuron_groups,
+                    min_holders=args.min_holders, max_groups=args.max_groups,
+                    neuron_groups=args.neuron_groups,
                     neuron_kinds=args.neuron_kinds, rotate=args.rotate, seed=args.seed)
 
 
@@ -216,7 +222,7 @@ def plan_from_args(args: argparse.Namespace, strategy: Strategy,
     return make_plan(world=args.world, units=args.units, coverage=spec.plan_coverage,
                      scheme="balanced" if spec.balanced else spec.scheme, seed=spec.seed,
                      shared_size=args.shared_size, capacities=capacities,
-                     min_holders=spec.min_holders), None
+                     min_holders=spec.min_holders, max_groups=spec.max_groups), None
 
 
 def _capacities(text: str | None, world: int) -> list[float] | None:
@@ -280,7 +286,8 @@ def format_table(rep: dict) -> str:
     lines = [
         title,
         f"mask error {rep['mask_error']:.4f}   spectral gap {rep['spectral_gap']:.4f}   "
-        f"connected {'yes' if rep['connected'] else 'NO'}   holder sets {rep['holder_sets']}",
+        f"connected {'yes' if rep['connected'] else 'NO'}   holder sets {rep['holder_sets']}   "
+        f"communicators per rank <= {max(rep['communicators'])}",
         f"{'worker':>6}  {'units held':<20}  {'unit cov':>8}  {'param cov':>9}  {'payload MB':>10}",
     ]
     for i, held in enumerate(rep["assignment"]):
@@ -319,6 +326,9 @@ def _budget(args: argparse.Namespace) -> int:
             raise ValueError(f"--memory-gb takes numbers separated by commas, got "
                              f"{args.memory_gb!r}") from None
         world = args.world if len(budgets) == 1 else len(budgets)
+        if args.comm_mem_mb < 0:
+            raise ValueError(f"--comm-mem-mb must be >= 0 (0: communicators not counted), "
+                             f"got {args.comm_mem_mb:g}")
         if args.recipe is None or world is None:
             raise ValueError("--memory-gb needs --recipe NAME and --nproc N")
         if args.world is not None and world != args.world:
@@ -326,7 +336,7 @@ def _budget(args: argparse.Namespace) -> int:
                              f"{args.world}; give one per worker (or one for all)")
         base = BenchSpec(recipe=args.recipe, strategy="ddp", world=world,
                          batch=args.batch_size or 1, seq=args.seq_len or 2048,
-                         dtype=args.dtype)
+                         dtype=args.dtype, comm_mem_mb=args.comm_mem_mb)
         if len(budgets) > 1:
             if args.strategies:
                 raise ValueError("--strategies searches one budget; with one budget per "

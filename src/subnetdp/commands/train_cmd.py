@@ -84,7 +84,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                         "default: --coverage)")
 
     c = g["composition"]
-    add_composition_arguments(c, zero=True)
+    add_composition_arguments(c, zero=True, compile=True)
     add_dtype_argument(c, default=d.dtype)
     c.add_argument("--reduce-dtype", default=None, choices=REDUCE_DTYPES,
                    help="with --fsdp: the dtype gradients are averaged in (default: the master "

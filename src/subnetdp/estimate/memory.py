@@ -6,7 +6,9 @@ group (collectives return at once, so one process plays any rank of any world), 
 ``MemTracker``, which categorises every live storage as parameter, buffer, gradient, optimizer
 state, activation or temporary. The numbers are therefore those of the real code path
 (subnetwork materialisation, reducer buckets, FSDP2 all-gathers, checkpoint recomputation), not a
-formula; what they do not include is allocator rounding/caching and communicator buffers.
+formula; what they do not include is allocator rounding/caching. Communicator buffers, which
+NCCL allocates outside torch, are the ``communicators`` category: this rank's communicators
+(``plan.communicators``) x ``spec.comm_mem_mb`` ([Note: communicator memory]).
 
 Steady state: the first step allocates optimizer state and reducer buckets; the reported peak is
 that of the *second* step (the tracker's running peak is restarted between the two).
@@ -31,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from subnetdp.estimate.communicators import communicator_bytes
 from subnetdp.estimate.spec import (
     BenchSpec,
     Built,
@@ -46,6 +49,7 @@ from subnetdp.estimate.spec import (
 from subnetdp.metrics.memory import CATEGORIES
 from subnetdp.parallelize import storage_dtype
 from subnetdp.plan import Plan, worker_bytes
+from subnetdp.plan.communicators import communicators_per_rank
 from subnetdp.strategy import HOLDER_REDUCER, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.match import match_plan
@@ -112,14 +116,16 @@ def estimate_memory(spec: BenchSpec, *, ranks: list[int] | None = None) -> Memor
     for r in sorted(set(rep.values())):
         done[r] = _estimate_rank(spec, r)
     out = MemoryEstimate(spec)
+    comms = communicators_per_rank(plan) if plan is not None else [1] * spec.world
     for r in wanted:
         base = done[rep[r]]
-        if r == base.rank:
-            out.per_rank.append(base)
-        else:
-            analytic = analytic_state(spec, r, plan)
-            out.per_rank.append(RankEstimate(r, base.peak_bytes, base.breakdown, base.state,
-                                             analytic, same_as=base.rank))
+        analytic = base.analytic if r == base.rank else analytic_state(spec, r, plan)
+        # communicators differ between ranks of the same row: added per rank, after the step
+        comm = communicator_bytes(comms[r], spec.comm_mem_mb)
+        breakdown = {**base.breakdown, "communicators": comm,
+                     "total": base.breakdown["total"] + comm}
+        out.per_rank.append(RankEstimate(r, breakdown["total"], breakdown, base.state, analytic,
+                                         same_as=None if r == base.rank else base.rank))
     return out
 
 

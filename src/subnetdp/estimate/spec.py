@@ -95,6 +95,9 @@ class BenchSpec:
     reduce_dtype: str | None = None
     output_scaling: str | None = None
     refresh_every: int = 1
+    # MiB of device memory per communicator (estimate.communicators); 0: not counted (what
+    # CPU measurements see); the CLI's --comm-mem-mb defaults to NCCL's DEFAULT_COMM_MB
+    comm_mem_mb: float = 0.0
 
     def __post_init__(self) -> None:
         _ = self.rank  # decoded and checked now: a bad spec fails where it is made

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from subnetdp.plan.communicators import communicators_per_rank
 from subnetdp.plan.plan import Plan, connected_components
 
 
@@ -107,4 +108,5 @@ def diagnostics(plan: Plan) -> dict[str, Any]:
         "connected": is_connected(plan),
         "components": len(connected_components(plan.matrix)),
         "holder_sets": len(plan.holder_sets()),
+        "communicators": communicators_per_rank(plan),
     }

@@ -163,6 +163,7 @@ def make_plan(
     costs: Sequence[float] | Sequence[Sequence[float]] | None = None,
     capacities: Sequence[float] | None = None,
     min_holders: int = 1,
+    max_groups: int | None = None,
 ) -> Plan:
     """Build a plan where each of ``world`` workers holds k = round(coverage·U) units.
 
@@ -174,6 +175,10 @@ def make_plan(
     joint min-max; default: the units' sizes) so that every rank
     holds about ``coverage`` of the total, or ``capacities[i]`` of it on rank i (heterogeneous
     workers). Every unit keeps >= ``min_holders`` holders (checked for every scheme).
+
+    ``max_groups`` K (spread, random): at most K distinct holder sets, so at most K process
+    groups (communicators): the scheme's plan for K units gives K holder patterns and unit u
+    takes pattern u mod K, so each worker holds round(coverage·K) of every K consecutive units.
     """
     unit_list = _unit_list(units)
     if isinstance(coverage, bool) or not (0.0 < float(coverage) <= 1.0):
@@ -185,7 +190,7 @@ def make_plan(
     if capacities is not None and scheme != "balanced":
         raise PlanError("per-rank capacities need --scheme balanced (spread and random give "
                         "every worker the same number of units)")
-    num_units = len(unit_list)
+    num_units, asked = len(unit_list), scheme
     k = num_units if coverage >= 1.0 else units_for_coverage(coverage, num_units)
     plan_coverage: float | None = float(coverage)
     if scheme == "spread":
@@ -207,6 +212,8 @@ def make_plan(
             f"unknown scheme {scheme!r}; use 'spread', 'random' or 'balanced' (or explicit_plan "
             "/ --plan-file FILE for a hand-written matrix)"
         )
+    if max_groups is not None:  # the scheme asked for (balanced may answer with spread)
+        matrix = _tiled(matrix, world, num_units, coverage, asked, seed, max_groups)
     plan = Plan(
         world=world,
         units=unit_list,
@@ -219,6 +226,22 @@ def make_plan(
     plan.validate()
     _check_min_holders(plan, min_holders)
     return plan
+
+
+def _tiled(matrix: Matrix, world: int, num_units: int, coverage: float, scheme: str,
+           seed: int, k_groups: int) -> Matrix:
+    """``matrix`` with its units tiled into ``k_groups`` holder patterns (``max_groups``)."""
+    if scheme not in ("spread", "random"):
+        raise PlanError("--max-groups tiles a spread or random plan; a balanced plan places "
+                        "each unit by its cost, so drop one of them")
+    if k_groups < 1:
+        raise PlanError(f"--max-groups must be >= 1, got {k_groups}")
+    if k_groups >= num_units:
+        return matrix  # as many patterns as units: nothing to bound
+    k = k_groups if coverage >= 1.0 else units_for_coverage(coverage, k_groups)
+    patterns = (spread_matrix(world, k_groups, k) if scheme == "spread" else
+                random_matrix(world, k_groups, k, np.random.default_rng(seed)))
+    return tuple(tuple(row[u % k_groups] for u in range(num_units)) for row in patterns)
 
 
 def _cost(c: float | Sequence[float]) -> float | list[float]:

@@ -21,6 +21,7 @@ from subnetdp.runtime.assemble import (
 from subnetdp.runtime.backends import Backend, FSDPBackend, ReducerBackend
 from subnetdp.runtime.called_by_all import called_by_all
 from subnetdp.runtime.checkpointing import checkpoint_blocks
+from subnetdp.runtime.compile import compile_blocks
 from subnetdp.runtime.fsdp import local_tensor, my_chunk
 from subnetdp.runtime.grouped import group_layers
 from subnetdp.runtime.groups import HolderGroups
@@ -142,9 +143,12 @@ class SubnetDataParallel(nn.Module):
         scaling = output_scaling or strat.default_output_scaling
         self._scaling_hooks = (scale_kept_outputs(module, neuron_groups, self.held_units)
                                if scaling == "keep" and neuron_groups else [])
+        blocks = [name for name, m in unit_modules(module, adapter)
+                  if any(True for _ in m.parameters())]
+        if comp.compile:  # inside checkpointing and every hook (runtime.compile)
+            compile_blocks(module, blocks)
         if comp.ac:  # before sharding: FSDP's hooks stay outside recompute
-            checkpoint_blocks(module, [name for name, m in unit_modules(module, adapter)
-                                       if any(True for _ in m.parameters())])
+            checkpoint_blocks(module, blocks)
         self.backend: Backend = (
             FSDPBackend(module, plan=plan, rank=self.rank, groups=self.groups, adapter=adapter,
                         pieces=self.pieces, local=self.local, held=self.held_units,

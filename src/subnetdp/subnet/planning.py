@@ -51,7 +51,7 @@ def build_plan(
     return make_plan(world=world, units=units, coverage=spec.plan_coverage,
                      scheme="balanced" if spec.balanced else spec.scheme, seed=spec.seed,
                      shared_size=shared, costs=weights, capacities=spec.capacities,
-                     min_holders=spec.min_holders)
+                     min_holders=spec.min_holders, max_groups=spec.max_groups)
 
 
 def plan_for(

@@ -22,6 +22,7 @@ class TrainConfig:
     # measured at the run's batch); every unit keeps >= min_holders holders (any scheme)
     balance: str = DEFAULT_BALANCE
     min_holders: int = 1
+    max_groups: int | None = None  # at most K distinct holder sets (plan.schemes.make_plan)
     # Heterogeneous workers (train/hetero.py): each rank's share of the units' cost, or each
     # rank's memory budget in GB (a balanced plan the estimator checks, made before the
     # workers start); either replaces --coverage, and needs a block-level SDP strategy.
@@ -94,6 +95,7 @@ class TrainConfig:
     # reduce_dtype = the dtype FSDP averages gradients in (None: the master dtype).
     fsdp: bool = False
     ac: bool = False
+    compile: bool = False  # torch.compile per block (runtime.compile)
     dtype: str = "fp32"
     reduce_dtype: str | None = None
     # ZeRO inside holder groups (runtime/zero.py): 1 shards the optimizer state over each
@@ -183,6 +185,12 @@ class TrainConfig:
             _check_hetero(self)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
+        if self.max_groups is not None and (
+                self.max_groups < 1 or self.plan_spec.balanced or self.memory_gb is not None
+                or strategy.neuron_level):
+            bad(f"--max-groups K (K >= 1, got {self.max_groups}) tiles a spread or random "
+                "block plan: drop it with --scheme balanced, --capacities, --memory-gb or "
+                "n-sdp/nb-sdp")
         if self.neuron_groups is not None and self.neuron_groups < 1:
             bad(f"--neuron-groups must be >= 1, got {self.neuron_groups}")
         if not 0.0 < self.coverage <= 1.0:

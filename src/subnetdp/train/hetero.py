@@ -63,10 +63,11 @@ def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
 
 
 def bench_composition(cfg: TrainConfig) -> dict[str, Any]:
-    """The run's composition as ``BenchSpec`` fields (the budget estimate sizes this run)."""
+    """The run's composition as ``BenchSpec`` fields (the budget estimate sizes this run;
+    ``--compile`` is estimated as eager: fake mode compiles nothing)."""
     comp = cfg.composition()
     return {f.name: getattr(comp, f.name) for f in dataclasses.fields(comp)
-            if f.name not in ("ddp_bucket_view", "fsdp_prefetch")}
+            if f.name not in ("ddp_bucket_view", "fsdp_prefetch", "compile")}
 
 
 def write_budget_plan(cfg: TrainConfig, plan: Plan | None) -> TrainConfig:

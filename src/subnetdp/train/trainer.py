@@ -369,7 +369,7 @@ def _summary(
         **_max_active(ranks),
         "params_total": plan.shared_size + sum(u.size for u in plan.units),
         "plan": {k: diag[k] for k in ("unit_coverage", "param_coverage", "mask_error",
-                                      "spectral_gap", "holders")},
+                                      "spectral_gap", "holders", "communicators")},
         "comm": comm_summary(ranks),
         "per_rank": ranks,
         "versions": {"torch": torch.__version__, "python": platform.python_version()},

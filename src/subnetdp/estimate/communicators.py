@@ -1,0 +1,52 @@
+"""Device memory NCCL takes per communicator, which no tensor accounts for.
+
+[Note: communicator memory]
+NCCL allocates its own device buffers (outside torch's caching allocator, so
+``torch.cuda.max_memory_allocated`` never shows them) for every peer a communicator connects,
+per channel and per protocol. With NCCL's defaults:
+
+- Simple protocol: ``NCCL_BUFFSIZE`` = 4 MiB per connection;
+- LL128: 120 elements x 640 threads x 8 steps x 8 B = 4.6875 MiB;
+- LL: 8 lines x 512 threads x 8 steps x 16 B = 0.5 MiB;
+- a ring connects 2 peers per channel (receive from the previous rank, send to the next;
+  trees reuse those connections) and NVLink/NVSwitch systems run up to
+  ``NCCL_MAX_NCHANNELS`` = 32 channels;
+- plus an allowance of 48 MiB for the proxy, work FIFO and device-side structures.
+
+32 x 2 x (4 + 4.6875 + 0.5) MiB + 48 MiB = 636 MiB per communicator, within the 0.5-0.7 GB
+per extra communicator reported on A100 (NVIDIA/nccl#964). It is deliberately the high end:
+NCCL >= 2.22 connects lazily (``NCCL_RUNTIME_CONNECT``, only the protocols a run uses), fewer
+channels run over PCIe or the network, and a communicator split from the world one with
+``NCCL_COMM_SPLIT_SHARE_RESOURCES=1`` shares its parent's buffers. Where a cluster measures
+less (``benchmarks/gpu_check.sh`` measures it per extra group), give that figure
+(``--comm-mem-mb``); 0 leaves communicators out (a gloo run on CPUs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class NcclBuffers:
+    """NCCL's per-communicator buffers ([Note: communicator memory]); sizes in bytes."""
+
+    channels: int = 32
+    peers: int = 2
+    simple: int = 4 * MiB
+    ll128: int = 120 * 640 * 8 * 8
+    ll: int = 8 * 512 * 8 * 16
+    fixed: int = 48 * MiB
+
+    def bytes(self) -> int:
+        return self.channels * self.peers * (self.simple + self.ll128 + self.ll) + self.fixed
+
+
+DEFAULT_COMM_MB = NcclBuffers().bytes() / MiB  # 636.0
+
+
+def communicator_bytes(count: int, comm_mem_mb: float) -> int:
+    """Device bytes of ``count`` communicators of ``comm_mem_mb`` MiB each."""
+    return round(count * comm_mem_mb * MiB)
