@@ -63,7 +63,7 @@ from subnetdp.checkpoint.files import (
     write_shard,
 )
 from subnetdp.checkpoint.rescue import write_contribution
-from subnetdp.checkpoint.reshard import PieceReader, model_shapes, reseed
+from subnetdp.checkpoint.reshard import PieceReader, reseed
 from subnetdp.filemode import FolderId, check_same_folder, folder_id, write_atomic
 from subnetdp.plan import Plan
 from subnetdp.runtime.rank import RankModel
