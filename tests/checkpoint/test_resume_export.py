@@ -192,7 +192,7 @@ def test_new_run_into_a_folder_with_checkpoints_is_refused(
     ("args", "message"),
     [
         (["--ckpt-every", "-1"], "--ckpt-every must be >= 0"),
-        (["--ckpt-keep", "0"], "--ckpt-keep must be >= 1"),
+        (["--ckpt-every", "1", "--ckpt-keep", "0"], "--ckpt-keep must be >= 1"),
         (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
         (["--resume", "no/such/run"], "no/such/run does not exist"),
     ],

@@ -103,6 +103,8 @@ NOT_APPLYING: dict[str, tuple[dict[str, Any], Any]] = {
     "reshard": ({}, True),
     "overwrite": ({"resume": "runs/x"}, True),
     "tf32": ({"device": "cpu"}, False),
+    "max_groups": ({"strategy": "ddp"}, 2),
+    "rescue": ({}, False),
 }
 
 
@@ -113,7 +115,7 @@ def test_every_row_has_a_case() -> None:
 @pytest.mark.parametrize("name", sorted(NOT_APPLYING))
 def test_an_option_that_cannot_apply_is_refused(name: str) -> None:
     fields, value = NOT_APPLYING[name]
-    flag = "--no-tf32" if name == "tf32" else "--" + name.replace("_", "-")
+    flag = {"tf32": "--no-tf32", "rescue": "--no-rescue"}.get(name, "--" + name.replace("_", "-"))
     with pytest.raises(ValueError, match=f"^{flag}.* has no effect on this run: it applies to"):
         check_applicable(TrainConfig(**fields, **{name: value}))
     check_applicable(TrainConfig(**fields))  # the default is inert: accepted

@@ -166,8 +166,8 @@ def test_a_full_disk_while_metrics_are_written_names_the_file(
     from subnetdp.metrics import sinks
 
     path = tmp_path / "metrics" / "rank0.jsonl"
-    monkeypatch.setattr(sinks, "open", lambda *a, **k: builtins.open("/dev/full", "a"),  # noqa: SIM115
-                        raising=False)
+    monkeypatch.setattr(sinks, "append_text",
+                        lambda *a, **k: builtins.open("/dev/full", "a"))  # noqa: SIM115
     sink = sinks.JsonlSink(path)
     with pytest.raises(OSError) as info:
         sink.log(1, {"loss": 1.0})

@@ -313,9 +313,10 @@ def test_every_crafted_checkpoint_is_refused_in_one_line(
             reader = PieceReader(ckpt, manifest, "model/")
             for key, _, _ in manifest["model_state"]:
                 reader[key]
-    assert main(["export", str(ckpt), "--out", str(tmp_path / "m.safetensors")]) == 2
+    out = tmp_path.with_name(f"{tmp_path.name}-m.safetensors")  # not inside the run
+    assert main(["export", str(ckpt), "--out", str(out)]) == 2
     assert str(ckpt) in _one_line(capsys)
-    assert not (tmp_path / "m.safetensors").exists()
+    assert not out.exists()
 
 
 def test_live_assembly_refuses_gaps_and_broadcastable_pieces() -> None:

@@ -90,7 +90,7 @@ def test_train_memory_gb_plans_within_the_budgets(tmp_path) -> None:  # type: ig
 @pytest.mark.parametrize(("args", "message"), [
     (["--capacities", "1,0.5"], "one capacity per worker: 2 for world=4"),
     (["--capacities", "1,0.5,0.5,0.5", "--memory-gb", "1,1,1,1"], "not both"),
-    (["--capacities", "1,0.5,0.5,0.5", "--strategy", "ddp"], "block units"),
+    (["--capacities", "1,0.5,0.5,0.5", "--strategy", "ddp"], "block-level SDP strategies only"),
     (["--capacities", "1,2,0.5,0.5"], "in (0, 1]"),
 ])
 def test_bad_heterogeneous_input_is_a_one_line_error(args, message, tmp_path,  # type: ignore[no-untyped-def]

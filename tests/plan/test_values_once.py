@@ -25,11 +25,12 @@ SRC = Path(subnetdp.__file__).parent
 DECODE = re.compile(r"\b(get_strategy|parse_label)\(")
 # every call that turns a strategy name or label into values, and the edges allowed to make
 # one: the command line, config files, the public keywords of parallelize and
-# SubnetDataParallel, summaries written before runs recorded their label, the study's methods,
+# SubnetDataParallel and of the framework integrations, summaries written before runs recorded their label, the study's methods,
 # and the benchmarks' labels
 DECODERS = re.compile(r"\b(get_strategy|parse_label|RankSpec\.of)\(")
 EDGES = {"commands/options.py", "commands/plan_cmd.py", "train/config.py", "parallelize.py",
-         "runtime/wrapper.py", "metrics/report.py", "study/suite.py", "estimate/spec.py"}
+         "runtime/wrapper.py", "metrics/report.py", "study/suite.py", "estimate/spec.py",
+         "integrations/wrap.py"}
 
 
 def _calls(pattern: re.Pattern[str]) -> list[str]:

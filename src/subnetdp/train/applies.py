@@ -17,9 +17,13 @@ import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from subnetdp.strategy import Strategy, get_strategy
-from subnetdp.train.config import TrainConfig
+from subnetdp.strategy import Strategy
+
+# A TrainConfig, untyped here: train/config.py asks this module which defaults a run records,
+# so importing it back would make the two modules a cycle.
+TrainConfig = Any
 
 __all__ = ["ALWAYS", "APPLIES", "Rule", "applies", "check_applicable"]
 
@@ -34,7 +38,7 @@ class Rule:
 
 
 def _strategy(cfg: TrainConfig) -> Strategy:
-    return get_strategy(cfg.strategy)
+    return cfg.strategy_value
 
 
 def _lm(cfg: TrainConfig) -> bool:
@@ -104,6 +108,9 @@ APPLIES: dict[str, Rule] = {
     "overwrite": Rule(lambda c: c.resume is None, "new runs (a resume keeps its folder)"),
     # precision on CUDA only
     "tf32": Rule(lambda c: c.device != "cpu", "CUDA devices (not --device cpu)"),
+    "max_groups": Rule(_held_plan, "SDP strategies whose plan is made from --coverage"),
+    "rescue": Rule(lambda c: c.min_nproc is not None, "runs that go on after a lost worker "
+                   "(--min-nproc)"),
 }
 
 # Fields with an effect on every run (their ranges are TrainConfig.validate's); ``config``,
@@ -114,7 +121,7 @@ ALWAYS = frozenset({
     "grad_clip", "ckpt_every", "max_restarts", "min_nproc", "nproc", "device",
     "collective_timeout", "log_every", "progress", "eval_every", "eval_batches", "memory_step",
     "peak_tflops", "tensorboard", "wandb", "wandb_project", "out", "resume",
-    "config_version"})
+    "config_version", "compile", "accept_new_data"})
 
 
 def applies(cfg: TrainConfig, name: str) -> bool:
@@ -123,8 +130,8 @@ def applies(cfg: TrainConfig, name: str) -> bool:
     return rule is None or rule.when(cfg)
 
 
-def _default(name: str) -> object:
-    f = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
+def _default(cfg: TrainConfig, name: str) -> object:
+    f = next(f for f in dataclasses.fields(cfg) if f.name == name)
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
@@ -136,9 +143,9 @@ def check_applicable(cfg: TrainConfig, only: Collection[str] | None = None) -> N
         if only is not None and name not in only:
             continue
         value = getattr(cfg, name)
-        if value == _default(name) or rule.when(cfg):
+        if value == _default(cfg, name) or rule.when(cfg):
             continue
-        flag = {"tf32": "--no-tf32"}.get(name, "--" + name.replace("_", "-"))
+        flag = {"tf32": "--no-tf32", "rescue": "--no-rescue"}.get(name, "--" + name.replace("_", "-"))
         shown = "" if isinstance(value, bool) else f" {_shown(value)}"
         raise ValueError(f"{flag}{shown} has no effect on this run: it applies to {rule.where} "
                          f"only; drop it")

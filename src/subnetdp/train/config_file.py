@@ -40,6 +40,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--config {p} cannot be read ({e})") from None
     where = f"--config {p}"
+    if p.suffix not in (".toml", ".json"):
+        raise ValueError(f"--config {p}: use a .toml file or a run's config.json")
     if not text.strip():
         raise ValueError(f"{where} is empty: it sets no option; give a TOML file of train "
                          "options or a run's config.json")
@@ -53,8 +55,6 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
                                  f"--{name}{' RUN' if name == 'resume' else ''} there")
         # a hand-written file is in today's words unless it names its version
         return _upgraded(values, where) if "config_version" in values else values
-    if p.suffix != ".json":
-        raise ValueError(f"--config {p}: use a .toml file or a run's config.json")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
