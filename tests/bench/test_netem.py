@@ -148,7 +148,9 @@ def test_sigint_removes_everything(tmp_path: Any) -> None:
             "with Network(Layout(Link(50e6), nodes=2), world=2) as net:\n"
             "    net.run(sleeper, (60,))")
     before = host_state(-1)  # no namespace of the run to come exists yet
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd())
+    # SIGINT at its default even when this suite runs as a background job (which ignores it)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=os.getcwd(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not any(n.startswith(f"{netem.PREFIX}{proc.pid}-") for n in netem.our_namespaces()):
         assert time.monotonic() < deadline and proc.poll() is None
