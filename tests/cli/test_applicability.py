@@ -16,7 +16,7 @@ import pytest
 import subnetdp.distributed.launch
 import subnetdp.train.elastic
 from subnetdp.cli import build_parser
-from subnetdp.train.applies import ALWAYS, APPLIES, check_applicable
+from subnetdp.train.applies import ALWAYS, APPLIES, NEGATED, check_applicable
 from subnetdp.train.config import TrainConfig
 from tests.faults.harness import clear_message, run_cli
 
@@ -115,7 +115,7 @@ def test_every_row_has_a_case() -> None:
 @pytest.mark.parametrize("name", sorted(NOT_APPLYING))
 def test_an_option_that_cannot_apply_is_refused(name: str) -> None:
     fields, value = NOT_APPLYING[name]
-    flag = {"tf32": "--no-tf32", "rescue": "--no-rescue"}.get(name, "--" + name.replace("_", "-"))
+    flag = NEGATED.get(name, "--" + name.replace("_", "-"))
     with pytest.raises(ValueError, match=f"^{flag}.* has no effect on this run: it applies to"):
         check_applicable(TrainConfig(**fields, **{name: value}))
     check_applicable(TrainConfig(**fields))  # the default is inert: accepted

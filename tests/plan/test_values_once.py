@@ -24,9 +24,9 @@ from subnetdp.train.config import TrainConfig
 SRC = Path(subnetdp.__file__).parent
 DECODE = re.compile(r"\b(get_strategy|parse_label)\(")
 # every call that turns a strategy name or label into values, and the edges allowed to make
-# one: the command line, config files, the public keywords of parallelize and
-# SubnetDataParallel and of the framework integrations, summaries written before runs recorded their label, the study's methods,
-# and the benchmarks' labels
+# one: the command line, config files, the public keywords of parallelize,
+# SubnetDataParallel and the framework integrations, summaries written before runs recorded
+# their label, the study's methods, and the benchmarks' labels
 DECODERS = re.compile(r"\b(get_strategy|parse_label|RankSpec\.of)\(")
 EDGES = {"commands/options.py", "commands/plan_cmd.py", "train/config.py", "parallelize.py",
          "runtime/wrapper.py", "metrics/report.py", "study/suite.py", "estimate/spec.py",

@@ -25,7 +25,7 @@ from subnetdp.strategy import Strategy
 # so importing it back would make the two modules a cycle.
 TrainConfig = Any
 
-__all__ = ["ALWAYS", "APPLIES", "Rule", "applies", "check_applicable"]
+__all__ = ["ALWAYS", "APPLIES", "NEGATED", "Rule", "applies", "check_applicable"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,10 @@ ALWAYS = frozenset({
     "config_version", "compile", "accept_new_data"})
 
 
+# Switches on by default: the flag a user gives turns them off.
+NEGATED = {"tf32": "--no-tf32", "rescue": "--no-rescue"}
+
+
 def applies(cfg: TrainConfig, name: str) -> bool:
     """Whether field ``name`` has an effect on the run ``cfg``."""
     rule = APPLIES.get(name)
@@ -145,7 +149,7 @@ def check_applicable(cfg: TrainConfig, only: Collection[str] | None = None) -> N
         value = getattr(cfg, name)
         if value == _default(cfg, name) or rule.when(cfg):
             continue
-        flag = {"tf32": "--no-tf32", "rescue": "--no-rescue"}.get(name, "--" + name.replace("_", "-"))
+        flag = NEGATED.get(name, "--" + name.replace("_", "-"))
         shown = "" if isinstance(value, bool) else f" {_shown(value)}"
         raise ValueError(f"{flag}{shown} has no effect on this run: it applies to {rule.where} "
                          f"only; drop it")
