@@ -3,6 +3,8 @@ strategy advisor (estimate.advisor, ``subnetdp plan --cluster``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from subnetdp.cli import main
@@ -170,3 +172,22 @@ def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert "MFU 0.3" in out and "a100 peak 156 TFLOP/s" in out
     assert out.count("<- fastest that fits") == 1 and "b-sdp+fsdp (C=0.5)" in out
+
+
+def test_advisor_peak_counts_the_communicators() -> None:
+    """The advisor's peak adds NCCL's buffers: the most communicators any rank joins times
+    ``comm_mem_mb`` MiB ([Note: communicator memory]), so it never promises what NCCL takes."""
+    from subnetdp.estimate.spec import make_bench_plan, meta_model
+    from subnetdp.plan.communicators import communicators_per_rank
+
+    costs = recipe_costs(get_recipe("llama-tiny"), batch=2, seq=32,
+                         model_args={"n_layers": 4})
+    spec = BenchSpec(strategy="b-sdp", coverage=0.5, **TINY)  # type: ignore[arg-type]
+    recipe, meta = meta_model(spec)
+    most = max(communicators_per_rank(make_bench_plan(spec, meta, recipe)))
+    assert most > 1  # holder groups beside the world group
+    with_comms = dataclasses.replace(spec, comm_mem_mb=636.0)
+    assert analytic_peak(with_comms, costs) - analytic_peak(spec, costs) == most * 636 * 2**20
+    ddp = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
+    assert (analytic_peak(dataclasses.replace(ddp, comm_mem_mb=100.0), costs)
+            - analytic_peak(ddp, costs)) == 100 * 2**20  # the world group only

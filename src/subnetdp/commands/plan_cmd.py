@@ -407,6 +407,9 @@ def _advise(args: argparse.Namespace) -> int:
         if args.world is not None and args.world != clusters[0].world:
             raise ValueError(f"--nproc {args.world} differs from the cluster's "
                              f"{clusters[0].world} ranks; drop --nproc")
+        if args.comm_mem_mb < 0:
+            raise ValueError(f"--comm-mem-mb must be >= 0 (0: communicators not counted), "
+                             f"got {args.comm_mem_mb:g}")
         if args.mfu is not None and not 0 < args.mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {args.mfu}")
         if args.peak_tflops is not None and args.peak_tflops <= 0:
@@ -426,7 +429,7 @@ def _advise(args: argparse.Namespace) -> int:
                              f"{args.memory_gb!r}") from None
         base = BenchSpec(recipe=args.recipe, strategy="ddp", world=clusters[0].world,
                          batch=args.batch_size or 1, seq=args.seq_len or 2048,
-                         dtype=args.dtype)
+                         dtype=args.dtype, comm_mem_mb=args.comm_mem_mb)
         options = tuple(t for t, _ in args.strategies) if args.strategies else OPTIONS
         tables = advise(base, clusters, memory_gb=memory_gb, rate=peak * mfu,
                         coverages=coverages, options=options, overlap=not args.no_overlap)

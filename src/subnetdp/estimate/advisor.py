@@ -15,7 +15,8 @@ its input, and one block's activations exist again while it is recomputed; tempo
 the loss's two fp32 logits-sized buffers; FSDP adds the unsharded parameters of the root and
 of two blocks (the running one and the prefetched one; n-sdp keeps its held groups gathered
 through backward). On llama-tiny this is within a few percent of the fake-mode estimate
-(``docs/advisor.md``); what it leaves out is allocator rounding and communication buffers.
+(``docs/advisor.md``); what it leaves out is allocator rounding. NCCL's buffers are added per
+communicator (``spec.comm_mem_mb`` each, for the rank that joins the most holder groups).
 
 Step time is ``estimate.steptime``'s on the cluster, at the device's peak × MFU.
 """
@@ -28,9 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from subnetdp.estimate.cluster import Cluster
+from subnetdp.estimate.communicators import communicator_bytes
 from subnetdp.estimate.memory import analytic_state, fsdp_unit_shapes
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.estimate.steptime import StepTime, collectives, predict_step
+from subnetdp.plan.communicators import communicators_per_rank
 from subnetdp.subnet.costs import ModelCosts, recipe_costs
 
 GB = 1e9
@@ -127,7 +130,11 @@ def analytic_peak(spec: BenchSpec, costs: ModelCosts, plan: Any = None) -> float
         acts = sum(f * u.act_bytes for u, f in units) * act_scale
     acts += costs.shared.act_bytes * act_scale + logits
     state = sum(analytic_state(spec, r, plan).values())
-    return state + acts + 2 * logits + _gathered(spec, meta, recipe, plan, r)
+    # NCCL's own buffers, of the rank that joins the most groups: never promise what NCCL
+    # takes back ([Note: communicator memory])
+    comms = max(communicators_per_rank(plan)) if plan is not None else 1
+    return (state + acts + 2 * logits + _gathered(spec, meta, recipe, plan, r)
+            + communicator_bytes(comms, spec.comm_mem_mb))
 
 
 def _runs(spec: BenchSpec, plan: Any, rank: int, n_units: int) -> list[float]:
@@ -171,7 +178,7 @@ def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
         f"assumptions: {cluster.device.name} peak {peak / 1e12:g} TFLOP/s ({base.dtype} "
         f"compute), MFU {mfu:g} -> {rate / 1e12:.4g} TFLOP/s per rank; memory "
         f"{memory_gb:g} GB per rank; micro-batch {base.batch} x {base.seq} tokens per rank; "
-        f"NCCL ring collectives; overlap "
+        f"NCCL ring collectives, {base.comm_mem_mb:g} MiB per communicator; overlap "
         + ("on (buckets hide behind backward, FSDP prefetches adjacent blocks)" if overlap
            else "off (all communication exposed)"),
         f"{'option':<28} {'fits':>4} {'peak GB':>8} {'ring MB':>9} {'compute s':>10} "
