@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from subnetdp.distributed.lifeline import pid_alive
+
 PREFIX = "sdpnet-"  # every namespace a run creates: sdpnet-<pid>-<role>
 SUBNET = "10.200.0"  # node k is .(k+1), the hub's bridge .254: inside our namespaces only
 HUB_ADDR = f"{SUBNET}.254"
@@ -182,20 +184,10 @@ def remove_stale() -> list[str]:
     removed = []
     for name in our_namespaces():
         m = re.match(rf"{PREFIX}(\d+)-", name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
             removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Network:

@@ -22,7 +22,8 @@ import signal
 import sys
 import threading
 
-__all__ = ["LAUNCHER_PID_VAR", "POLL_S", "set_parent_death_signal", "tie_server", "tie_worker"]
+__all__ = ["LAUNCHER_PID_VAR", "POLL_S", "pid_alive", "set_parent_death_signal", "tie_server",
+           "tie_worker"]
 
 LAUNCHER_PID_VAR = "SUBNETDP_LAUNCHER_PID"  # set by launch() for the fork server it starts
 POLL_S = 0.5  # the watchdog's poll interval where prctl is missing
@@ -56,7 +57,8 @@ def _ppid_of(pid: int) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -87,6 +89,6 @@ def tie_worker(launcher: int) -> None:
 
 
 def _watch(launcher: int) -> None:
-    while _alive(launcher) and os.getppid() != 1:
+    while pid_alive(launcher) and os.getppid() != 1:
         threading.Event().wait(POLL_S)
     _end()

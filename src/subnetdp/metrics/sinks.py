@@ -12,14 +12,13 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from subnetdp.filemode import FILE_MODE, append_text
+from subnetdp.filemode import append_text, write_atomic
 
 __all__ = [
     "COMM_BYTES",
@@ -142,17 +141,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, FILE_MODE)  # mkstemp's 0600 would hide the file from the team
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(_dumps(obj, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, _dumps(obj, indent=2) + "\n", durable=True)
 
 
 def _dumps(obj: Any, indent: int | None = None) -> str:
