@@ -193,3 +193,28 @@ def test_a_malformed_dataset_file_is_one_line_naming_it(
     code, err = run_cli([*T, "--dataset", builder, "--data-files", str(path), "--out",
                          str(tmp_path / "out")], capsys)
     _one_line(code, err, str(path))
+
+
+def test_a_survivor_of_a_dead_rank_says_so_not_internal_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torchrun every rank runs the command itself: the survivors of a rank that died
+    fail in a collective with gloo's "connection closed by peer", which is not a bug."""
+    import argparse
+
+    from subnetdp.commands.boundary import run_command
+
+    def lost(_: argparse.Namespace) -> int:
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+                           "closed by peer [127.0.0.1]:41234")
+
+    def bug(_: argparse.Namespace) -> int:
+        raise RuntimeError("shape mismatch in a block")
+
+    monkeypatch.setenv("RANK", "3")
+    assert run_command(argparse.Namespace(command="train", func=lost)) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "internal error" not in err, err
+    assert err.startswith("subnetdp train: rank 3 lost its connection to another rank ("), err
+    assert "--resume" in err
+    assert run_command(argparse.Namespace(command="train", func=bug)) == 1
+    assert "internal error RuntimeError: shape mismatch" in capsys.readouterr().err

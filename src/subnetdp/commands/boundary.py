@@ -3,8 +3,9 @@ as one line that names the file and says the fix, never a traceback (issue 27).
 
 A command refuses what it knows with its own words first; ``run_command`` catches the rest:
 an ``OSError`` is told by its file and errno (``os_error_line``), a ``ValueError`` by its own
-message, and anything else is a bug in subnetdp, whose traceback goes to a file named in the
-line.
+message, a collective that lost a peer (another rank died first: under torchrun every survivor
+reports it) by that, and anything else is a bug in subnetdp, whose traceback goes to a file
+named in the line.
 """
 
 from __future__ import annotations
@@ -53,9 +54,28 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"{name}: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # a bug: its traceback goes to a file, the user gets one line
+        lost = _lost_peer_line(e)
+        if lost:  # under torchrun each survivor of a dead rank ends here: not our bug
+            print(f"{name}: {lost}", file=sys.stderr)
+            return 1
         fd, path = tempfile.mkstemp(prefix="subnetdp-error-", suffix=".log")
         with os.fdopen(fd, "w") as f:
             traceback.print_exc(file=f)
         print(f"{name}: internal error {type(e).__name__}: {e}; please report it with the "
               f"traceback in {path}", file=sys.stderr)
         return 1
+
+
+def _lost_peer_line(e: Exception) -> str | None:
+    """The one line of a rank whose collective failed because another rank went away
+    (gloo/NCCL's "connection closed by peer"), or None for any other error."""
+    from subnetdp.distributed.timeouts import lost_peer
+
+    text = str(e).strip()
+    if not isinstance(e, RuntimeError) or not lost_peer(text):
+        return None
+    rank = os.environ.get("RANK")
+    who = f"rank {rank}" if rank is not None else "this process"
+    return (f"{who} lost its connection to another rank ({text.splitlines()[-1]}): another "
+            "rank stopped first and its own message names the cause; resume from the newest "
+            "checkpoint with --resume")
