@@ -53,6 +53,7 @@ def token_ids(tmp_path: Path) -> Path:
      "--eval-tasks arc_easy has no effect on this run: it applies to LLaMA"),
     ([*T, "--eval-tasks", "arc_easy,mmlu"], "unknown task(s) ['mmlu']; choose from arc_easy,"),
     ([*T, "--eval-limit", "8"], "--eval-limit 8 has no effect"),
+    ([*T, "--data-dir", "{ids}", "--eval-tasks", "sciq"], "--eval-tasks sciq has no effect"),
 ])
 def test_the_issue_samples_are_refused(argv: list[str], expect: str, token_ids: Path,
                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -167,3 +168,9 @@ def test_eval_tasks_refused_before_launch(monkeypatch: pytest.MonkeyPatch, tmp_p
         TrainConfig(eval_tasks=["mmlu"]).resolved()
     with pytest.raises(ValueError, match=r"^--eval-limit must be >= 1, got 0"):
         TrainConfig(eval_tasks=["sciq"], eval_limit=0).resolved()
+    from tokenizers import Tokenizer, models
+
+    no_eot = tmp_path / "tokenizer.json"
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(no_eot))
+    with pytest.raises(ValueError, match=r"needs <\|endoftext\|> in the tokenizer"):
+        TrainConfig(tokenizer=str(no_eot), eval_tasks=["sciq"]).resolved()

