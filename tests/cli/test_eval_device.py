@@ -1,5 +1,5 @@
-"""``subnetdp eval --device`` reaches the evaluation (issue 28 item 6): lm-eval's model is
-built on the device asked for, and ``--device cuda`` without CUDA is one line before any
+"""``subnetdp eval --device`` reaches the evaluation (issue 28 item 6): the model lm-eval
+scores is moved to the device asked for, and ``--device cuda`` without CUDA is one line before any
 work."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytest.importorskip("lm_eval")
 
 @pytest.fixture
 def hf_folder(tmp_path: Path) -> Path:
-    """What ``is_hf_folder`` recognises; never loaded (HFLM is replaced)."""
+    """What ``is_hf_folder`` recognises; never loaded (``from_pretrained`` is replaced)."""
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "llama",
@@ -28,16 +28,19 @@ def hf_folder(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def hflm_devices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The ``device`` of every lm-eval HFLM built; building one stops the evaluation."""
-    import lm_eval.models.huggingface
+    """The device every loaded model is moved to (the one lm-eval's HFLM then scores on, it
+    takes the model's); moving one stops the evaluation."""
+    import transformers
 
     seen: list[str] = []
 
-    def fake(*_: Any, device: str, **__: Any) -> None:
-        seen.append(device)
-        raise ValueError("stopped after building the model")
+    class Loaded:
+        def to(self, device: Any) -> None:
+            seen.append(str(device))
+            raise ValueError("stopped after placing the model")
 
-    monkeypatch.setattr(lm_eval.models.huggingface, "HFLM", fake)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *_, **__: Loaded())
     return seen
 
 

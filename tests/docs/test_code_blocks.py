@@ -122,7 +122,7 @@ def sized(command: str, steps: int, workspace: Path, port: int) -> str:
     c = re.sub(r"--nnodes([ =])\S+", r"--nnodes\g<1>1", c)  # multi-node: one node, local endpoint
     c = re.sub(r"\bHOST:\d+", f"127.0.0.1:{port}", c)
     c = re.sub(r"(?<![\w.])/shared/", f"{workspace}/shared/", c)  # a filesystem all nodes share
-    c = re.sub(r"--limit([ =])\d+", r"--limit\g<1>2", c)  # documents per downstream task
+    c = re.sub(r"--((?:eval-)?limit)([ =])\d+", r"--\g<1>\g<2>2", c)  # documents per task
     if re.search(_TRAINS, c):
         c = re.sub(_PAPER_SCALE, "llama-tiny", c)
         c = re.sub(r"--seq-len([ =])(\d+)",

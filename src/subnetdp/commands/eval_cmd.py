@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.tasks is not None:
         return run_downstream(args)
-    from subnetdp.evals.validation import evaluate_path
+    from subnetdp.train.evaluation import evaluate_path
 
     try:
         if args.device is not None:
@@ -82,6 +82,7 @@ def run_downstream(args: argparse.Namespace) -> int:
     from subnetdp.evals import EvalDataMissingError, LmEvalMissingError, format_table
     from subnetdp.evals.downstream import downstream
     from subnetdp.evals.tasks import parse_tasks
+    from subnetdp.train.config import config_keys
     from subnetdp.train.device import device_name
 
     try:
@@ -92,8 +93,8 @@ def run_downstream(args: argparse.Namespace) -> int:
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit must be >= 1, got {args.limit}")
         device = device_name(args.device or "cpu")  # an HF folder records no device of its own
-        result = downstream(args.path, parse_tasks(args.tasks), limit=args.limit,
-                            device=device)
+        result = downstream(args.path, parse_tasks(args.tasks), config_keys=config_keys(),
+                            limit=args.limit, device=device)
     except (EvalDataMissingError, LmEvalMissingError, ValueError, OSError) as e:
         print(f"subnetdp eval: {e}", file=sys.stderr)
         return 2

@@ -157,12 +157,33 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                          "the end only)")
     lg.add_argument("--eval-batches", type=int, default=d.eval_batches, metavar="N",
                     help="validation batches")
+    add_eval_task_arguments(lg)
     lg.add_argument("--memory-step", type=int, default=d.memory_step, metavar="STEP",
                     help="step whose memory is measured (-1: none)")
     lg.add_argument("--peak-tflops", type=float, default=None, metavar="T",
                     help="the device's peak TFLOP/s for mfu(%%) (default: known CUDA devices)")
     add_tracking_arguments(lg)
     return g
+
+
+def add_eval_task_arguments(p: Container) -> None:
+    """Downstream accuracy with each validation (issue 31; docs/checkpointing.md)."""
+    p.add_argument("--eval-tasks", type=_tasks, default=None, metavar="T1,T2",
+                   help="LLaMA: also score the assembled model on these lm-eval tasks with "
+                        "each validation (arc_easy,boolq,hellaswag,openbookqa,sciq; metrics "
+                        "eval/<task>/acc, acc_norm; default: none)")
+    p.add_argument("--eval-limit", type=int, default=None, metavar="N",
+                   help="with --eval-tasks: only the first N documents of each task "
+                        "(default: all)")
+
+
+def _tasks(text: str) -> list[str]:
+    from subnetdp.evals.tasks import parse_tasks
+
+    try:
+        return parse_tasks(text)
+    except ValueError as e:  # argparse shows an ArgumentTypeError's message as is
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_tracking_arguments(p: Container) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +21,21 @@ def is_hf_folder(path: Path) -> bool:
         return False
 
 
-def downstream(path: str | Path, tasks: list[str], *, limit: int | None = None,
-               device: str = "cpu") -> dict[str, Any]:
+def downstream(path: str | Path, tasks: list[str], *, config_keys: Collection[str],
+               limit: int | None = None, device: str = "cpu") -> dict[str, Any]:
     """Evaluate an HF folder as is, or a run/checkpoint exported to a temporary folder, on
-    ``device`` (cpu or cuda)."""
+    ``device`` (cpu or cuda). ``config_keys``: ``train.config.config_keys()``, the fields a
+    checkpoint's recorded configuration may hold (given by the caller: ``train`` scores
+    through this package, so it cannot import ``train``)."""
     from subnetdp.evals import evaluate_downstream
     from subnetdp.evals.tasks import data_root
     from subnetdp.hf import export_hf
-    from subnetdp.train.config import config_keys
 
     p = Path(path)
     if is_hf_folder(p):
         return evaluate_downstream(p, tasks, limit=limit, device=device)
     data_root()  # a missing data package is reported before the export
     with tempfile.TemporaryDirectory(prefix="subnetdp-eval-") as tmp:
-        info = export_hf(p, Path(tmp) / "hf", config_keys=config_keys())
+        info = export_hf(p, Path(tmp) / "hf", config_keys=config_keys)
         result = evaluate_downstream(info["out"], tasks, limit=limit, device=device)
     return result | {"model": str(p), "checkpoint": info["checkpoint"], "step": info["step"]}

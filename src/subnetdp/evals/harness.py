@@ -1,4 +1,5 @@
-"""Run lm-evaluation-harness on a Hugging Face model folder and summarise per task.
+"""Run lm-evaluation-harness on a Hugging Face model (a folder, or a model in memory) and
+summarise per task.
 
 Scores are lm-eval's zero-shot log-likelihood multiple choice: ``acc`` picks the choice with
 the highest summed log-probability, ``acc_norm`` divides by its length in bytes first. Each
@@ -12,14 +13,14 @@ quality of the scores there is the model's.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import random
 import statistics
 from pathlib import Path
 from typing import Any
 
-from subnetdp.evals.tasks import LmEvalMissingError, data_root, lm_eval_config
+from subnetdp.evals.tasks import LM_EVAL_INSTALL, LmEvalMissingError, data_root, lm_eval_config
 
 METRICS = ("acc", "acc_norm")
 MIN_LENGTH = 128
@@ -31,36 +32,78 @@ def _offline() -> None:
         os.environ.setdefault(var, "1")
 
 
+def _require() -> None:
+    """Import lm-eval and transformers (a one-line error if missing) and quiet them."""
+    try:
+        import lm_eval  # noqa: F401  (only: is it there)
+        import transformers
+    except ImportError as e:
+        raise LmEvalMissingError(
+            f"lm-evaluation-harness is not installed ({e}); {LM_EVAL_INSTALL}") from e
+    # lm-eval warns once per truncated request (the module docstring says what truncation
+    # does) and once that it was handed a model object; the tokenizer, of every long document
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    transformers.logging.set_verbosity_error()
+
+
 def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int | None = None,
                         batch_size: int = 16, device: str = "cpu") -> dict[str, Any]:
     """``{"tasks": {name: {acc, acc_stderr, acc_norm, acc_norm_stderr, chance, n}},
     "macro": {acc, acc_norm, chance}, "limit", "max_length", "model"}`` of the HF folder
     ``model_dir``, evaluated on ``device`` (a torch device name: cpu, cuda)."""
-    root = data_root()  # a missing data package is reported before anything loads
-    configs = [lm_eval_config(t, root) for t in tasks]
+    data_root()  # a missing data package is reported before anything loads
     _offline()
-    try:
-        import lm_eval
-        from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
-    except ImportError as e:
-        raise LmEvalMissingError(
-            f"lm-evaluation-harness is not installed ({e}); install it with `make setup` or "
-            "`pip install -e '.[eval]'`") from e
+    _require()
     import torch
     import transformers
 
-    # lm-eval warns once per truncated request; the module docstring says what truncation does
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)
-    transformers.logging.set_verbosity_error()
-    trained = json.loads((Path(model_dir) / "config.json").read_text())
-    max_length = max(int(trained.get("max_position_embeddings", MIN_LENGTH)), MIN_LENGTH)
-    lm = HFLM(pretrained=str(model_dir), device=device, batch_size=batch_size,
-              dtype=torch.float32, max_length=max_length)
-    out = lm_eval.simple_evaluate(
-        model=lm, tasks=configs, limit=limit, log_samples=True,
-        task_manager=TaskManager(include_defaults=False),
-        bootstrap_iters=0)
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir),
+                                                                   dtype=torch.float32)
+    model = model.to(device)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    return evaluate_model(model, tokenizer, tasks, limit=limit,
+                          batch_size=batch_size) | {"model": str(model_dir)}
+
+
+def evaluate_model(model: Any, tokenizer: Any, tasks: list[str], *, limit: int | None = None,
+                   batch_size: int = 16) -> dict[str, Any]:
+    """``evaluate_downstream`` of a model in memory (a ``transformers`` causal LM on its
+    device, and its tokenizer), as ``train --eval-tasks`` scores the assembled model: the
+    same scoring as of a folder, so the numbers equal those of its export. Leaves the
+    process's random streams as they were (lm-eval reseeds them).
+
+    The model object goes to lm-eval's ``HFLM`` (never a folder name, which would let HFLM
+    load it its own way and set up a distributed evaluation of its own in a training
+    process)."""
+    root = data_root()
+    configs = [lm_eval_config(t, root) for t in tasks]
+    _offline()
+    _require()
+
+
+    import lm_eval
+    import numpy as np
+    import torch
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    max_length = max(int(getattr(model.config, "max_position_embeddings", MIN_LENGTH)),
+                     MIN_LENGTH)
+    was_training = model.training
+    model.eval()
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = [model.device] if model.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+                      max_length=max_length)
+            out = lm_eval.simple_evaluate(
+                model=lm, tasks=configs, limit=limit, log_samples=True,
+                task_manager=TaskManager(include_defaults=False), bootstrap_iters=0)
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+            model.train(was_training)
     assert out is not None  # None only on non-zero ranks of a distributed evaluation
     per_task: dict[str, dict[str, float]] = {}
     for name in tasks:
@@ -73,8 +116,7 @@ def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int |
         per_task[name] = row
     macro = {k: statistics.fmean(r[k] for r in per_task.values())
              for k in (*METRICS, "chance")}
-    return {"model": str(model_dir), "limit": limit, "max_length": max_length,
-            "tasks": per_task, "macro": macro}
+    return {"limit": limit, "max_length": max_length, "tasks": per_task, "macro": macro}
 
 
 def _float(v: Any) -> float:

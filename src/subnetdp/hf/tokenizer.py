@@ -52,19 +52,26 @@ def check_run_tokenizer(path: Path, recorded: str | None, ckpt: Path) -> None:
                          "checkpoint of the run that wrote this one")
 
 
-def hf_tokenizer_files(tokenizer_json: Path, *, eot: str, max_length: int) -> dict[str, str]:
-    """``{file name: text}`` of a ``PreTrainedTokenizerFast`` folder around our tokenizer.
-
-    The end-of-text token doubles as BOS, EOS and padding: it is the only special token the
+def _tokenizer_config(eot: str, max_length: int) -> dict[str, Any]:
+    """The end-of-text token doubles as BOS, EOS and padding: it is the only special token the
     corpus has (documents are joined by it)."""
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": eot, "eos_token": eot, "unk_token": eot, "pad_token": eot,
-        "model_max_length": max_length,
-        "add_bos_token": False, "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-    }
+    return {"bos_token": eot, "eos_token": eot, "unk_token": eot, "pad_token": eot,
+            "model_max_length": max_length, "add_bos_token": False, "add_eos_token": False,
+            "clean_up_tokenization_spaces": False}
+
+
+def hf_tokenizer_files(tokenizer_json: Path, *, eot: str, max_length: int) -> dict[str, str]:
+    """``{file name: text}`` of a ``PreTrainedTokenizerFast`` folder around our tokenizer."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **_tokenizer_config(eot, max_length)}
     special = {"bos_token": eot, "eos_token": eot, "unk_token": eot, "pad_token": eot}
     return {"tokenizer.json": tokenizer_json.read_text(),
             "tokenizer_config.json": json.dumps(config, indent=2),
             "special_tokens_map.json": json.dumps(special, indent=2)}
+
+
+def hf_tokenizer(tokenizer_json: Path, *, eot: str, max_length: int) -> Any:
+    """The ``PreTrainedTokenizerFast`` that ``hf_tokenizer_files`` describes, in memory."""
+    import transformers
+
+    return transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json),
+                                                **_tokenizer_config(eot, max_length))

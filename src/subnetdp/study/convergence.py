@@ -103,12 +103,14 @@ def after_cell(result: CellResult, run_dir: Path, *, downstream_limit: int | Non
 def _downstream(run_dir: Path, limit: int | None, log: Any) -> None:
     from subnetdp.evals import EvalDataMissingError, LmEvalMissingError
     from subnetdp.evals.downstream import downstream
+    from subnetdp.train.config import config_keys
 
     path = run_dir / DOWNSTREAM_FILE
     if path.exists():
         return
     try:
-        result = downstream(run_dir, list(DOWNSTREAM_TASKS), limit=limit)
+        result = downstream(run_dir, list(DOWNSTREAM_TASKS), config_keys=config_keys(),
+                            limit=limit)
     except (EvalDataMissingError, LmEvalMissingError) as e:  # reported, the study goes on
         log(f"  downstream evaluation skipped: {e}")
         return

@@ -47,6 +47,19 @@ def _lm(cfg: TrainConfig) -> bool:
     return get_recipe(cfg.recipe).task == "lm"
 
 
+def _llama_lm(cfg: TrainConfig) -> bool:
+    """A language model whose model is our LLaMA: lm-eval scores it as ``LlamaForCausalLM``
+    (hf/llama.py), as ``export --format hf`` writes it."""
+    import torch
+
+    from subnetdp.models import get_recipe
+    from subnetdp.models.llama.model import Llama
+
+    recipe = get_recipe(cfg.recipe)
+    with torch.device("meta"):
+        return recipe.task == "lm" and isinstance(recipe.build_model(), Llama)
+
+
 def _pretokenised(cfg: TrainConfig) -> bool:
     """A ``--data-dir`` of token ids (``train.bin``), read as is (``data.prepare_text``)."""
     return cfg.data_dir is not None and (Path(cfg.data_dir).expanduser() / "train.bin").exists()
@@ -111,6 +124,12 @@ APPLIES: dict[str, Rule] = {
     "max_groups": Rule(_held_plan, "SDP strategies whose plan is made from --coverage"),
     "rescue": Rule(lambda c: c.min_nproc is not None, "runs that go on after a lost worker "
                    "(--min-nproc)"),
+    # downstream evaluation (issue 31)
+    "eval_tasks": Rule(lambda c: _llama_lm(c) and not _pretokenised(c),
+                       "LLaMA recipes trained on text (not pre-tokenised ids: lm-eval reads "
+                       "text with the run's tokenizer)"),
+    "eval_limit": Rule(lambda c: bool(c.eval_tasks) and _llama_lm(c),
+                       "runs that score --eval-tasks"),
 }
 
 # Fields with an effect on every run (their ranges are TrainConfig.validate's); ``config``,

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
@@ -116,6 +117,11 @@ class TrainConfig:
     dataset: str | None = None
     data_files: list[str] = dataclasses.field(default_factory=list)
     text_field: str = "text"
+    # Issue 31: downstream accuracy of the assembled model (lm-eval, evals/), scored on rank 0
+    # with each validation (every eval_every steps and at the end) on the first eval_limit
+    # documents of each task (None: all); LLaMA recipes only
+    eval_tasks: list[str] = dataclasses.field(default_factory=list)
+    eval_limit: int | None = None
     # Issue 27: a resume that goes on although the corpus changed since the run recorded it
     # (train/data_identity.py); never carried over to the next resume
     accept_new_data: bool = False
@@ -258,6 +264,30 @@ class TrainConfig:
                 "default (subnetdp)")
         if (self.dataset or self.data_files) and self.data_dir:
             bad("--dataset/--data-files and --data-dir are two sources of text; pick one")
+        if self.eval_tasks or self.eval_limit is not None:
+            self._validate_eval_tasks(bad)
+
+    def _validate_eval_tasks(self, bad: Any) -> None:
+        from subnetdp.evals.tasks import LmEvalMissingError, check_available, check_tasks
+        from subnetdp.train.applies import check_applicable
+
+        check_applicable(self, only=("eval_tasks", "eval_limit"))  # the Python API's too
+        check_tasks(self.eval_tasks)
+        if self.eval_limit is not None and self.eval_limit < 1:
+            bad(f"--eval-limit must be >= 1, got {self.eval_limit}")
+        if self.tokenizer not in (None, "gpt2") and Path(self.tokenizer).expanduser().is_file():
+            from tokenizers import Tokenizer
+
+            from subnetdp.data.tokenizer import EOT
+
+            if Tokenizer.from_file(str(Path(self.tokenizer).expanduser())).token_to_id(EOT) is None:
+                bad(f"--eval-tasks scores the model as `export --format hf` writes it, which "
+                    f"needs {EOT} in the tokenizer; {self.tokenizer} has none: add it to its "
+                    "added_tokens, or drop --eval-tasks")
+        try:
+            check_available()  # before any worker starts, not at the first evaluation
+        except LmEvalMissingError as e:  # an ImportError: the error boundary reads ValueError
+            bad(str(e))
 
     def _validate_composition(self, bad: Any) -> None:
         """What ``Composition.check`` cannot see: the run's regularisers and checkpoints."""

@@ -54,7 +54,7 @@ RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", 
                                 "min_nproc", "rescue", "collective_timeout",
                                 # watching the run (metrics/tracking.py)
                                 "tensorboard", "wandb", "wandb_project", "eval_every",
-                                "peak_tflops",
+                                "peak_tflops", "eval_tasks", "eval_limit",
                                 # the optimizer's layout, not its maths: checkpoints are plain
                                 "zero",
                                 # the data may have changed: train/data_identity.py

@@ -269,16 +269,19 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
                     ckpt.save(done)
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 with slow_phase(cfg.collective_timeout):  # peers wait while rank 0 evaluates
-                    evaluation = _evaluate(model, recipe, task, device, overrides, rank)
+                    evaluation = _evaluate(model, recipe, task, device, overrides, rank, cfg)
                     _log_evaluation(done, evaluation, val_sink, tracker)
+                    # here, not in the next step's collective, whose timeout is the short one
+                    dist.barrier(**_barrier_device(device))
                 progress.message(f"validation at step {done}/{cfg.steps}: "
                                  + _format_evaluation(evaluation))
             stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
         progress.close()
         train_time = time.perf_counter() - loop_start
         set_timeout(slow_timeout(cfg.collective_timeout))  # peers wait while rank 0 evaluates
-        progress.message(f"validating the full model ({cfg.eval_batches} batches) ...")
-        evaluation = _evaluate(model, recipe, task, device, overrides, rank)  # the summary's
+        progress.message(f"validating the full model ({cfg.eval_batches} batches"
+                         f"{', ' + ','.join(cfg.eval_tasks) if cfg.eval_tasks else ''}) ...")
+        evaluation = _evaluate(model, recipe, task, device, overrides, rank, cfg)  # the summary's
         _log_evaluation(cfg.steps, evaluation, val_sink, tracker)
     tracker.close()
     if val_sink is not None:
@@ -329,10 +332,11 @@ def _format_evaluation(evaluation: dict[str, float]) -> str:
 
 def _evaluate(
     model: RankModel, recipe: Any, task: Task, device: torch.device,
-    overrides: dict[str, Any], rank: int,
+    overrides: dict[str, Any], rank: int, cfg: TrainConfig,
 ) -> dict[str, float]:
     """Validation on the *full* model, on rank 0: SDP assembles each unit from its owner,
-    FSDP gathers every parameter, DDP hands over its replica (collective)."""
+    FSDP gathers every parameter, DDP hands over its replica (collective). With
+    ``--eval-tasks``, also its downstream accuracy ([Note: downstream while training])."""
     state = model.full_state_dict()
     if rank != 0:
         return {}
@@ -341,7 +345,44 @@ def _evaluate(
         full = recipe.build_model(**overrides)
     full = build_full_model(full, recipe.adapter, device=device)
     full.load_state_dict(state)
-    return task.evaluate(full, device)
+    evaluation = task.evaluate(full, device)
+    if cfg.eval_tasks:
+        evaluation |= _downstream(full, cfg)
+    return evaluation
+
+
+# [Note: downstream while training]
+# ``--eval-tasks`` scores the assembled full model with lm-eval at each validation: rank 0
+# renames its state into an in-memory ``LlamaForCausalLM`` with the run's tokenizer
+# (hf/llama.py, hf/tokenizer.py: what ``export --format hf`` writes) and scores it with
+# ``evals.evaluate_model``, the scoring of ``subnetdp eval --tasks`` on a folder, so the two
+# give the same numbers for the same weights and ``--limit``. The other ranks wait at a
+# barrier under the slow-phase timeout (distributed/timeouts.py: max(30 min, 6 x
+# --collective-timeout)), which an evaluation must fit. lm-eval reseeds the random streams;
+# they are restored, so the run trains as it would without it.
+
+
+def _downstream(full: torch.nn.Module, cfg: TrainConfig) -> dict[str, float]:
+    """``eval/<task>/acc`` and ``eval/<task>/acc_norm`` of the assembled LLaMA ``full``."""
+    from subnetdp.data.tokenizer import EOT
+    from subnetdp.evals import evaluate_model
+    from subnetdp.hf.llama import hf_model
+    from subnetdp.hf.tokenizer import hf_tokenizer, run_tokenizer
+    from subnetdp.models.llama.model import Llama
+
+    assert isinstance(full, Llama)  # --eval-tasks applies to LLaMA recipes only (train/applies)
+    config = full.config
+    tokenizer = hf_tokenizer(run_tokenizer(Path(cfg.out)), eot=EOT,
+                             max_length=config.max_seq_len)
+    hf = hf_model(config, full.state_dict(), eot_id=tokenizer.convert_tokens_to_ids(EOT))
+    result = evaluate_model(hf, tokenizer, cfg.eval_tasks, limit=cfg.eval_limit)
+    return {f"eval/{name}/{metric}": row[metric]
+            for name, row in result["tasks"].items() for metric in ("acc", "acc_norm")}
+
+
+def _barrier_device(device: torch.device) -> dict[str, Any]:
+    """NCCL's barrier is told its device (else it guesses one from the rank)."""
+    return {"device_ids": [device.index]} if device.type == "cuda" else {}
 
 
 def _summary(
