@@ -220,6 +220,8 @@ def test_init_from_refusals(run: Path, hf_dir: Path, tmp_path: Path,
     state = load_file(no_head / "model.safetensors")
     del state["lm_head.weight"]
     save_file(state, str(no_head / "model.safetensors"))
+    (tmp_path / "ids").mkdir()
+    (tmp_path / "ids" / "train.bin").write_bytes(b"\0\0")
     no_weights = _hf_copy(hf_dir, tmp_path / "bin")
     (no_weights / "model.safetensors").rename(no_weights / "pytorch_model.bin")
     h = str(hf_dir)
@@ -241,6 +243,7 @@ def test_init_from_refusals(run: Path, hf_dir: Path, tmp_path: Path,
         (["--init-from", h, "--tokenizer", "gpt2"], "the run's tokenizer is the folder's"),
         (["--init-from", h, "--seq-len", "64"], "exceeds the folder's max_position_embeddings"),
         (["--init-from", h, "--resume", str(run)], "drop one of them"),
+        (["--init-from", h, "--data-dir", str(tmp_path / "ids")], "holds pre-tokenised ids"),
     ]
     for args, fragment in cases:
         assert main(["train", *args, "--out", str(tmp_path / "out")]) == 2, args
@@ -249,7 +252,7 @@ def test_init_from_refusals(run: Path, hf_dir: Path, tmp_path: Path,
     # the Python API: the recipe, shape and tokenizer follow the folder too
     cfg = TrainConfig(init_from=h, out=str(tmp_path / "api")).resolved()
     assert (cfg.recipe, cfg.tokenizer, cfg.model_args["dim"]) == (
-        "llama-tiny", str(hf_dir / "tokenizer.json"), 64)
+        "llama-tiny", str((hf_dir / "tokenizer.json").resolve()), 64)
     with pytest.raises(ValueError, match="the recipe follows the folder"):
         TrainConfig(init_from=h, recipe="resnet18-fmnist").resolved()
 

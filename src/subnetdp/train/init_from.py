@@ -39,6 +39,10 @@ def apply_init_from(cfg: TrainConfig, explicit: Collection[str]) -> TrainConfig:
         raise ValueError(f"--vocab-size {cfg.vocab_size}: with {OPTION} the vocabulary follows "
                          f"the folder (vocab_size {folder.model_args['vocab_size']}); drop "
                          "--vocab-size")
+    if cfg.data_dir and (Path(cfg.data_dir).expanduser() / "train.bin").exists():
+        raise ValueError(f"--data-dir {cfg.data_dir} holds pre-tokenised ids, which no "
+                         f"tokenizer reads; with {OPTION} the folder's tokenizer tokenises the "
+                         "text: give a --data-dir of text")
     for key, value in cfg.model_args.items():
         if key in folder.model_args and value != folder.model_args[key]:
             raise ValueError(f"--model-arg {key}={value}: with {OPTION} the model's shape "
@@ -54,7 +58,9 @@ def apply_init_from(cfg: TrainConfig, explicit: Collection[str]) -> TrainConfig:
     elif seq_len > longest:
         raise ValueError(f"--seq-len {seq_len} exceeds the folder's max_position_embeddings "
                          f"({longest}); use --seq-len {longest} or less")
-    return dataclasses.replace(cfg, recipe=folder.recipe, tokenizer=str(folder.tokenizer),
+    # absolute: a resume from another working folder reads the same files
+    return dataclasses.replace(cfg, recipe=folder.recipe, init_from=str(folder.path.resolve()),
+                               tokenizer=str(folder.tokenizer.resolve()),
                                model_args={**cfg.model_args, **folder.model_args},
                                seq_len=seq_len)
 
