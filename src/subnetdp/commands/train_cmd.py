@@ -235,7 +235,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             raise ValueError("--init-from starts a new run from a Hugging Face folder; --resume "
                              "continues a run from its checkpoint, which holds its weights: "
                              "drop one of them")
-
         cfg = resume_config(values["resume"], values, _explicit_options(args))
         check_applicable(cfg, only=_explicit_options(args))  # the run's own values stand
         return cfg
