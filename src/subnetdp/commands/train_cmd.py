@@ -49,6 +49,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                    help="your own text/images instead of the data packages (default: the "
                         "packages)")
     add_data_arguments(m)
+    m.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from a Hugging Face LLaMA folder (config.json, safetensors, "
+                        "tokenizer.json): its weights, shape, tokenizer and recipe "
+                        "(docs/init-from.md; default: a new model from --seed)")
 
     s = g["strategy"]
     add_strategy_argument(s, default=d.strategy,
@@ -248,14 +252,22 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if values.get("resume"):
         from subnetdp.train.resume import resume_config
 
+        if "init_from" in _explicit_options(args):
+            raise ValueError("--init-from starts a new run from a Hugging Face folder; --resume "
+                             "continues a run from its checkpoint, which holds its weights: "
+                             "drop one of them")
         cfg = resume_config(values["resume"], values, _explicit_options(args))
         check_applicable(cfg, only=_explicit_options(args))  # the run's own values stand
         return cfg
     values.setdefault("nproc", 4)
-    if values.get("out") is None:
-        values["out"] = f"runs/{values['recipe']}-{values['strategy']}"
     cfg = TrainConfig(**values)
     check_applicable(cfg)
+    if cfg.init_from:  # the recipe, shape and tokenizer follow the folder
+        from subnetdp.train.init_from import apply_init_from
+
+        cfg = apply_init_from(cfg, _explicit_options(args))
+    if values.get("out") is None:
+        cfg = dataclasses.replace(cfg, out=f"runs/{cfg.recipe}-{cfg.strategy}")
     return cfg
 
 

@@ -253,7 +253,9 @@ def text_cache_entry(*, vocab_size: int = 4096, data_dir: str | None = None,
         "data": "packages" if data_dir is None else "user",
         "vocab_size": vocab_size if tokenizer == "bpe" else None,
         "val_fraction": val_fraction,
-        "tokenizer": tokenizer,
+        # a tokenizer.json by its content (source.key), not its path: a moved or copied file
+        # (an HF folder's, --init-from) reuses the entry
+        "tokenizer": tokenizer if tokenizer in ("bpe", "gpt2") else "file",
         "max_docs": max_docs,
         "tokenizers": tokenizers.__version__,
         "format": FORMAT_VERSION,

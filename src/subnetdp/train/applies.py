@@ -140,7 +140,8 @@ ALWAYS = frozenset({
     "grad_clip", "ckpt_every", "max_restarts", "min_nproc", "nproc", "device",
     "collective_timeout", "log_every", "progress", "eval_every", "eval_batches", "memory_step",
     "peak_tflops", "tensorboard", "wandb", "wandb_project", "out", "resume",
-    "config_version", "compile", "accept_new_data"})
+    "config_version", "compile", "accept_new_data",
+    "init_from"})
 
 
 # Switches on by default: the flag a user gives turns them off.

@@ -122,6 +122,9 @@ class TrainConfig:
     # documents of each task (None: all); LLaMA recipes only
     eval_tasks: list[str] = dataclasses.field(default_factory=list)
     eval_limit: int | None = None
+    # Issue 31: start from a Hugging Face LLaMA folder (train/init_from.py: the recipe, model
+    # shape and tokenizer follow it); a restored checkpoint's weights win over it
+    init_from: str | None = None
     # Issue 27: a resume that goes on although the corpus changed since the run recorded it
     # (train/data_identity.py); never carried over to the next resume
     accept_new_data: bool = False
@@ -133,9 +136,14 @@ class TrainConfig:
         """A copy with every None filled from the recipe's defaults, validated."""
         from subnetdp.models import get_recipe
 
-        recipe = get_recipe(self.recipe)
-        d = recipe.defaults
         cfg = dataclasses.replace(self)
+        if cfg.init_from and not cfg.resume:  # a resume replays what the run recorded
+            from subnetdp.train.init_from import apply_init_from
+
+            cfg = apply_init_from(cfg, {f.name for f in dataclasses.fields(cfg)
+                                        if getattr(cfg, f.name) != _default(f)})
+        recipe = get_recipe(cfg.recipe)
+        d = recipe.defaults
         from subnetdp.train.applies import applies
 
         for name in ("batch_size", "seq_len", "lr", "warmup", "weight_decay", "grad_clip",
@@ -336,6 +344,10 @@ def upgrade_config(d: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"config_version {version!r} is not one this subnetdp reads (1 to "
                          f"{CONFIG_VERSION}): {why}")
     return d
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def config_keys() -> frozenset[str]:

@@ -118,7 +118,9 @@ def _inputs(cfg: TrainConfig) -> list[tuple[str, str | None]]:
     tokenizer = cfg.tokenizer if cfg.tokenizer != "gpt2" else None
     files = [("--data-files", re.split(r"[*?\[]", p, maxsplit=1)[0] or ".")
              for p in cfg.data_files]
-    return [("--data-dir", cfg.data_dir), ("--tokenizer", tokenizer),
+    # --init-from first: its tokenizer.json is the run's --tokenizer
+    return [("--init-from", cfg.init_from), ("--data-dir", cfg.data_dir),
+            ("--tokenizer", tokenizer),
             ("--plan-file", cfg.plan_file), *files]
 
 

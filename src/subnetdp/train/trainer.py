@@ -39,6 +39,7 @@ from subnetdp.train.build import build_rank, make_optimizer, run_plan, save_plan
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.device import run_device, to_device
 from subnetdp.train.flops import rank_step_flops
+from subnetdp.train.init_from import init_weights
 from subnetdp.train.rescue import StepCommit, rescue_enabled, save_rescue
 from subnetdp.train.resume import (
     drop_replayed_metrics,
@@ -185,10 +186,14 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
         with torch.device("meta"):
             plan = run_plan(cfg, recipe.build_model(**overrides), recipe, world)
     model = build_rank(cfg, recipe, plan, device, overrides)
+    source = resume_source(cfg.resume, out)  # also: after an elastic restart, the newest
+    # --init-from: every rank reads the pieces it holds, before the optimizer sees them,
+    # unless a checkpoint (a resume, a restart) holds newer weights
+    init = init_weights(cfg.init_from, model, rank, source) if cfg.init_from else {}
     opt, sched = make_optimizer(cfg, recipe, model)
     ckpt = Checkpointer(out, model, opt, sched, plan=plan, cfg=cfg, rank=rank, world=world,
-                        info={**run_info(recipe, overrides), "data": task.data_identity()})
-    source = resume_source(cfg.resume, out)  # also: after an elastic restart, the newest
+                        info={**run_info(recipe, overrides), "data": task.data_identity(),
+                              **init})
     start = ckpt.restore(source) if source is not None else 0
     set_timeout(cfg.collective_timeout)
     stop = GracefulStop()  # SIGTERM/SIGINT: finish a checkpoint that is due soon, then exit
