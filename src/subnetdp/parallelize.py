@@ -142,7 +142,8 @@ def _fsdp(
     param, red = compute_dtype(comp), reduce_dtype(comp)
     policy = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=red)
     traffic = shard_over_mesh(full, [b for _, b in unit_modules(full, adapter)],
-                              world_mesh(dev.type), policy)
+                              world_mesh(dev.type), policy,
+                              ring_reduce_scatter=comp.ring_reduce_scatter)
     master = storage_dtype(comp).itemsize
     return FSDPRank(full, strategy=strat, traffic=traffic,
                     param_bytes=(param.itemsize if param is not None else master),

@@ -108,7 +108,10 @@ class Composition:
     order]); False issues every all-gather when its block runs; ``zero``: ZeRO-1 (1: optimizer
     state) or ZeRO-2 (2: also the reduced gradients) sharded over each unit's holders
     (``runtime.zero``; with ``ddp``: torch's ZeroRedundancyOptimizer for 1, the holder reducer
-    at full coverage for 2)."""
+    at full coverage for 2); ``ring_reduce_scatter``: FSDP2's reduce-scatter over gloo is a
+    ring of point-to-point sends (``runtime.ring``: (h-1)/h of the gradient on the wire, not
+    gloo's all-reduce, 2(h-1)/h); False keeps gloo's, only as a labelled comparison. Other
+    backends always use their own."""
 
     fsdp: bool = False
     ac: bool = False
@@ -121,6 +124,7 @@ class Composition:
     fsdp_prefetch: bool = True
     zero: int = 0
     compile: bool = False  # torch.compile per block (runtime.compile)
+    ring_reduce_scatter: bool = True
 
     def check(self, strategy: Strategy) -> None:
         """Refuse combinations that cannot be built, with a message that says what to do."""
@@ -162,11 +166,13 @@ def label(strategy: Strategy, comp: Composition, coverage: float | None = None) 
     if not strategy.is_sdp:
         base = "fsdp" if comp.fsdp else "ddp"
         name = base + ("+ac" if comp.ac else "") + (f"+zero{comp.zero}" if comp.zero else "")
-        return name if comp.ddp_bucket_view else f"{name} (default buckets)"
+        name = name if comp.ddp_bucket_view else f"{name} (default buckets)"
+        return name if comp.ring_reduce_scatter or not comp.fsdp else f"{name} (gloo rs)"
     name = strategy.name + ("+fsdp" if comp.fsdp else "") + ("+ac" if comp.ac else "")
     name += f"+zero{comp.zero}" if comp.zero else ""
     name = name if coverage is None else f"{name} (C={coverage:g})"
-    return name if comp.fsdp_prefetch or not comp.fsdp else f"{name} (no prefetch)"
+    name = name if comp.fsdp_prefetch or not comp.fsdp else f"{name} (no prefetch)"
+    return name if comp.ring_reduce_scatter or not comp.fsdp else f"{name} (gloo rs)"
 
 
 BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")

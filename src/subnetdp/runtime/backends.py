@@ -175,6 +175,7 @@ class FSDPBackend:
         adapter: UnitAdapter, pieces: Sequence[Piece], local: Mapping[str, Sequence[LocalPiece]],
         held: Sequence[int], strategy: Strategy, param_dtype: torch.dtype | None,
         reduce_dtype: torch.dtype | None, device: torch.device, prefetch: bool = True,
+        ring_reduce_scatter: bool = True,
     ) -> None:
         self.module = module
         held_set = set(held)
@@ -212,7 +213,7 @@ class FSDPBackend:
             module, shardable, plan, groups, device_type=device.type, mp_policy=policy,
             frozen=frozen,
             reshard_after_forward=not strategy.neuron_level,  # [Note: neuron groups]
-            prefetch=mode,
+            prefetch=mode, ring_reduce_scatter=ring_reduce_scatter,
         )
         self.trainable = Trainable(
             {k: p for k, p in module.named_parameters() if p.requires_grad}, {}

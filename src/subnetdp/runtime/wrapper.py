@@ -153,7 +153,8 @@ class SubnetDataParallel(nn.Module):
             FSDPBackend(module, plan=plan, rank=self.rank, groups=self.groups, adapter=adapter,
                         pieces=self.pieces, local=self.local, held=self.held_units,
                         strategy=strat, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                        device=dev, prefetch=comp.fsdp_prefetch)
+                        device=dev, prefetch=comp.fsdp_prefetch,
+                        ring_reduce_scatter=comp.ring_reduce_scatter)
             if fsdp else
             ReducerBackend(module, plan=plan, rank=self.rank, groups=self.groups,
                            pieces=self.pieces, local=self.local, held=self.held_units,

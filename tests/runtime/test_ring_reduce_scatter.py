@@ -1,0 +1,104 @@
+"""The gloo ring reduce-scatter (runtime.ring) against gloo's built-in one, on inputs laid
+out as FSDP2 lays them out (uneven parameters padded to a multiple of the group size)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+    _get_dim0_padded_size,
+    foreach_reduce_scatter_copy_in,
+)
+
+from subnetdp.estimate.spec import BenchSpec, build_rank, lm_step
+from subnetdp.runtime.ring import RingReduceScatter
+from tests.dist.harness import run_workers
+
+# uneven first dims: FSDP2 pads every parameter's dim 0 to a multiple of h
+SHAPES = [(5, 3), (7,), (1, 4), (10, 2)]
+
+
+def _flat(grads: list[torch.Tensor], h: int, dtype: torch.dtype) -> torch.Tensor:
+    numel = sum(_get_dim0_padded_size(g.size(), h).numel() for g in grads)
+    flat = torch.empty(numel, dtype=dtype)
+    foreach_reduce_scatter_copy_in([g.to(dtype) for g in grads], flat, h)
+    return flat
+
+
+def _compare(rank: int, world: int) -> list[tuple[int, str, str, torch.Tensor, torch.Tensor]]:
+    out = []
+    for members in ([0, 1], [1, 2, 3], list(range(world))):  # h = 2, 3, 4
+        group = dist.new_group(members)  # every rank takes part in creating every group
+        if rank not in members:
+            continue
+        h = len(members)
+        g = torch.Generator().manual_seed(rank)
+        grads = [torch.randn(s, generator=g) * 10 ** (i - 2) for i, s in enumerate(SHAPES)]
+        for dtype in (torch.float32, torch.bfloat16):
+            for name, op in (("avg", dist.ReduceOp.AVG), ("sum", dist.ReduceOp.SUM)):
+                flat = _flat(grads, h, dtype)
+                before = flat.clone()
+                ring, ref = (torch.full((flat.numel() // h,), float("nan"), dtype=dtype)
+                             for _ in range(2))
+                RingReduceScatter()(ring, flat, group, op)
+                assert torch.equal(flat, before)  # the input is left as it was
+                dist.reduce_scatter_tensor(ref, flat, op=op, group=group)
+                out.append((h, str(dtype), name, ring, ref))
+    return out
+
+
+def test_ring_matches_gloo_reduce_scatter() -> None:
+    results = run_workers(_compare, 4)
+    seen = set()
+    for per_rank in results:
+        for h, dtype, op, ring, ref in per_rank:
+            seen.add((h, dtype, op))
+            if h == 2:  # one addition per element, which commutes: bit for bit
+                assert torch.equal(ring, ref), (h, dtype, op)
+            else:  # h-1 additions in another order than gloo's: fp32 (bf16) rounding apart
+                tol = 1e-6 if dtype == "torch.float32" else 2e-2
+                torch.testing.assert_close(ring, ref, rtol=tol, atol=tol * 10), (h, dtype, op)
+    assert {h for h, _, _ in seen} == {2, 3, 4}
+
+
+MODEL = (("dim", 30), ("ffn_hidden", 44), ("max_seq_len", 16), ("n_heads", 3),
+         ("n_layers", 2), ("vocab_size", 61))  # dims not multiples of 4: padded shards
+
+
+def _train(rank: int, world: int) -> dict[str, tuple[list[float], int]]:
+    calls = 0
+    ring_call = RingReduceScatter.__call__
+
+    def counted(self: RingReduceScatter, *args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return ring_call(self, *args, **kw)
+
+    RingReduceScatter.__call__ = counted  # type: ignore[method-assign]  # forked worker only
+    out = {}
+    for strategy, fsdp in (("fsdp", False), ("b-sdp", True)):
+        for ring in (True, False):
+            spec = BenchSpec("llama-tiny", strategy, world, 2, 16, coverage=0.5, fsdp=fsdp,
+                             model_args=MODEL, ring_reduce_scatter=ring)
+            built = build_rank(spec)
+            g = torch.Generator().manual_seed(rank)
+            before = calls
+            losses = [lm_step(built, torch.randint(0, 61, (2, 17), generator=g))
+                      for _ in range(3)]
+            out[spec.label] = (losses, calls - before)
+    return out
+
+
+def test_training_with_the_ring_equals_training_without() -> None:
+    results = run_workers(_train, 4)
+    for per_rank in results:
+        assert set(per_rank) == {"fsdp", "fsdp (gloo rs)", "b-sdp+fsdp (C=0.5)",
+                                 "b-sdp+fsdp (C=0.5) (gloo rs)"}
+        for label in ("fsdp", "b-sdp+fsdp (C=0.5)"):
+            (ring, calls), (gloo, none) = per_rank[label], per_rank[f"{label} (gloo rs)"]
+            assert calls > 0 and none == 0  # the ring ran, and only where asked for
+            # three AdamW steps apart only by the reduce-scatters' summation order
+            assert ring == pytest.approx(gloo, rel=1e-5)
