@@ -2,9 +2,10 @@
 
 Each worker records every all-gather and reduce-scatter FSDP2 sends (kind and group; over
 gloo the reduce-scatter is ``runtime.ring``'s) during one training step and compares the
-sequence with ``plan.schedule.fsdp_schedule`` for its rank: so the checker proves the schedule the runtime runs, prefetch included, and prefetch on really
-moves the all-gathers. A configuration the checker rejects is refused when wrapping, on every
-rank, before any collective.
+sequence with ``plan.schedule.fsdp_schedule`` for its rank: so the checker proves the schedule
+the runtime runs, prefetch included, and prefetch on really moves the all-gathers. A
+configuration the checker rejects is refused when wrapping, on every rank, before any
+collective.
 """
 
 from __future__ import annotations
