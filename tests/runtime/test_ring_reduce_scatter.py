@@ -13,8 +13,12 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     foreach_reduce_scatter_copy_in,
 )
 
+from subnetdp.estimate.cluster import DEVICES, Cluster, Link
 from subnetdp.estimate.spec import BenchSpec, build_rank, lm_step
+from subnetdp.estimate.steptime import collectives, predict_step
+from subnetdp.models import get_recipe
 from subnetdp.runtime.ring import RingReduceScatter
+from subnetdp.subnet.costs import recipe_costs
 from tests.dist.harness import run_workers
 
 # uneven first dims: FSDP2 pads every parameter's dim 0 to a multiple of h
@@ -45,7 +49,7 @@ def _compare(rank: int, world: int) -> list[tuple[int, str, str, torch.Tensor, t
                              for _ in range(2))
                 RingReduceScatter()(ring, flat, group, op)
                 assert torch.equal(flat, before)  # the input is left as it was
-                dist.reduce_scatter_tensor(ref, flat, op=op, group=group)
+                dist.reduce_scatter_single(output=ref, input=flat, op=op, group=group)
                 out.append((h, str(dtype), name, ring, ref))
     return out
 
@@ -102,3 +106,20 @@ def test_training_with_the_ring_equals_training_without() -> None:
             assert calls > 0 and none == 0  # the ring ran, and only where asked for
             # three AdamW steps apart only by the reduce-scatters' summation order
             assert ring == pytest.approx(gloo, rel=1e-5)
+
+
+def test_model_wire_bytes_follow_the_ring() -> None:
+    """estimate.steptime on gloo: with the ring FSDP's wire bytes are the counted ring bytes;
+    with gloo's reduce-scatter (an all-reduce) its reduce-scatters count twice."""
+    tiny = BenchSpec("llama-tiny", "b-sdp", 4, 2, 32, coverage=0.5, fsdp=True,
+                     model_args=(("n_layers", 4),))
+    cluster = Cluster(1, 4, DEVICES["cpu"], Link(1e6), shared_intra=True)
+    colls = collectives(tiny)
+    costs = recipe_costs(get_recipe("llama-tiny"), batch=2, seq=32, model_args={"n_layers": 4})
+    ring, gloo = (predict_step(s, cluster, rate=1e12, backend="gloo", costs=costs,
+                               colls=colls).wire_bytes
+                  for s in (tiny, tiny.replace(ring_reduce_scatter=False)))
+    assert ring == pytest.approx([sum(c.ring_bytes for c in cs) for cs in colls])
+    assert gloo == pytest.approx([sum(c.ring_bytes * (2 if c.kind == "reduce_scatter" else 1)
+                                      for c in cs) for cs in colls])
+    assert all(g > r for g, r in zip(gloo, ring, strict=True))

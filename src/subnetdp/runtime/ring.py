@@ -42,8 +42,8 @@ class RingReduceScatter(ReduceScatter):
                  group: dist.ProcessGroup, op: dist.ReduceOp | dist.ReduceOp.RedOpType,
                  async_op: bool = False) -> dist.Work | None:
         if op not in _RING_OPS:  # e.g. PREMUL_SUM: FSDP2 only asks for it with a custom divisor
-            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
-                                              async_op=async_op)
+            return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op,
+                                              group=group, async_op=async_op)
         ring_reduce_scatter(output_tensor, input_tensor, group)
         if op == dist.ReduceOp.AVG:
             output_tensor.div_(group.size())
