@@ -9,12 +9,13 @@ Root and iproute2 (``bench.netem``); 4 gloo workers on one shared throttled link
    payloads of FSDP's per-block traffic, each timed against its ring wire time (every rank's
    ring bytes cross the one link: n x (h-1)/h x P, all-reduce twice that, / the measured rate).
 2. *Steps*: ``bench step --compute`` of network.py's grid (llama-tiny, batch 4 x 128,
-   C = 0.5, 3 warm-up and ``--steps`` timed steps) for ddp, fsdp, b-sdp+fsdp and both FSDP
-   rows again with gloo's reduce-scatter (``Composition.ring_reduce_scatter=False``, labelled
-   ``(gloo rs)``), all interleaved step by step in one run, with a trace of every FSDP
-   collective: seconds per step inside all-gathers and reduce-scatters. On CPU both are
-   blocking calls (FSDP2 issues its all-gathers with ``async_op=False`` unless told otherwise,
-   and its reduce-scatter always), so these seconds are on the critical path.
+   C = 0.5, 3 warm-up and ``--steps`` timed steps) for ddp, fsdp and b-sdp+fsdp as they run
+   now (``runtime.ring.GlooComms``: ring reduce-scatter, async all-gathers), b-sdp+fsdp with
+   the ring only (``async_unshard=False``: ``(sync unshard)``) and both FSDP rows with FSDP2's
+   gloo defaults (also ``ring_reduce_scatter=False``: ``(gloo rs) (sync unshard)``), all
+   interleaved step by step in one run, with a trace of every FSDP collective: seconds per
+   step inside all-gather calls (issue, and the wait when blocking) and reduce-scatters
+   (always blocking: FSDP2 calls them synchronously).
 
 Writes benchmarks/results/network_part5.{json,md}.
 """
@@ -43,8 +44,9 @@ def specs() -> list[BenchSpec]:
     base = BenchSpec(RECIPE, "ddp", NPROC, BATCH, SEQ)
     sdp = base.replace(strategy="b-sdp", coverage=COVERAGE, fsdp=True)
     fsdp = base.replace(strategy="fsdp")
-    return [base, fsdp, fsdp.replace(ring_reduce_scatter=False), sdp,
-            sdp.replace(ring_reduce_scatter=False)]
+    main = {"ring_reduce_scatter": False, "async_unshard": False}  # FSDP2's gloo defaults
+    return [base, fsdp, fsdp.replace(**main), sdp, sdp.replace(async_unshard=False),
+            sdp.replace(**main)]
 
 
 # -- 1. collectives alone ---------------------------------------------------------------------
@@ -103,6 +105,7 @@ def _traced(*args: Any) -> dict[str, Any]:
     """``bench.step._launched`` with every FSDP all-gather and reduce-scatter timed, per spec
     label and ``lm_step`` call (warm-up and compute-only steps included; sliced later)."""
     import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
     import subnetdp.bench.step as step
     from subnetdp.runtime import ring
@@ -140,6 +143,8 @@ def _traced(*args: Any) -> dict[str, Any]:
     dist.all_gather_single = timed("all_gather", dist.all_gather_single)  # type: ignore
     dist.reduce_scatter_single = timed("reduce_scatter", dist.reduce_scatter_single)  # type: ignore
     ring.ring_reduce_scatter = timed("reduce_scatter", ring.ring_reduce_scatter)
+    group = FSDPParamGroup  # waits for an async all-gather (and copies it out)
+    group.wait_for_unshard = timed("gather_wait", group.wait_for_unshard)  # type: ignore
     out = step._launched(*args)
     out["trace"] = trace
     return out
@@ -158,7 +163,8 @@ def _trace_summary(per_rank: list[dict[str, Any]], label: str, steps: int) -> di
     """Median over ranks and timed steps of the seconds inside each kind of collective."""
     timed = [t for r in per_rank for t in r["trace"][label][WARMUP:WARMUP + steps]]
     return {k: statistics.median(t.get(k, 0.0) for t in timed)
-            for k in ("all_gather", "reduce_scatter", "n_all_gather", "n_reduce_scatter")}
+            for k in ("all_gather", "gather_wait", "reduce_scatter", "n_all_gather",
+                      "n_reduce_scatter")}
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -217,15 +223,18 @@ def markdown(results: list[dict[str, Any]]) -> str:
                   f"{r['wire_s']:.3f} | {r['time_over_wire']:.2f} |"
                   for r in res["collectives"]["rows"]]
         lines += ["", "Steps (medians over ranks and timed steps; *counted wire* = 4 ranks' "
-                  "counted ring bytes / measured rate; *all-gather* and *reduce-scatter* = "
-                  "seconds per step inside FSDP's calls, rank median):", "",
+                  "counted ring bytes / measured rate; seconds per step, rank median, inside "
+                  "FSDP's all-gather calls (*gather call*: the whole gather when blocking, the "
+                  "issue when async), its waits for them (*gather wait*, with the copy-out) "
+                  "and its reduce-scatters):", "",
                   "| strategy | step s | / ddp | compute s | exposed s | ring MB/rank | "
-                  "counted wire s | all-gather s (calls) | reduce-scatter s (calls) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "counted wire s | gather call s (calls) | gather wait s | reduce-scatter s "
+                  "(calls) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in res["rows"]:
             t = r["trace"]
-            tr = (f"{t['all_gather']:.3f} ({t['n_all_gather']:.0f}) | "
-                  f"{t['reduce_scatter']:.3f} ({t['n_reduce_scatter']:.0f})") if t else "- | -"
+            tr = (f"{t['all_gather']:.3f} ({t['n_all_gather']:.0f}) | {t['gather_wait']:.3f} | "
+                  f"{t['reduce_scatter']:.3f} ({t['n_reduce_scatter']:.0f})") if t else (
+                "- | - | -")
             lines.append(f"| {r['label']} | {r['step_s']:.3f} | {r['over_ddp']:.2f} | "
                          f"{r['compute_s']:.3f} | {r['exposed_s']:.3f} | "
                          f"{r['ring_mb_per_rank']:.1f} | {r['counted_wire_s']:.3f} | {tr} |")

@@ -72,38 +72,50 @@ MODEL = (("dim", 30), ("ffn_hidden", 44), ("max_seq_len", 16), ("n_heads", 3),
          ("n_layers", 2), ("vocab_size", 61))  # dims not multiples of 4: padded shards
 
 
-def _train(rank: int, world: int) -> dict[str, tuple[list[float], int]]:
-    calls = 0
+def _train(rank: int, world: int) -> dict[str, tuple[list[float], int, int]]:
+    calls = {"ring": 0, "async gather": 0}
     ring_call = RingReduceScatter.__call__
+    gather_any: Any = dist.all_gather_single
 
     def counted(self: RingReduceScatter, *args: Any, **kw: Any) -> Any:
-        nonlocal calls
-        calls += 1
+        calls["ring"] += 1
         return ring_call(self, *args, **kw)
 
-    RingReduceScatter.__call__ = counted  # type: ignore[method-assign]  # forked worker only
+    def gather_spy(*args: Any, async_op: bool = False, **kw: Any) -> Any:
+        calls["async gather"] += async_op
+        return gather_any(*args, async_op=async_op, **kw)
+
+    # forked worker only
+    RingReduceScatter.__call__ = counted  # type: ignore[method-assign]
+    dist.all_gather_single = gather_spy  # type: ignore[assignment]
     out = {}
     for strategy, fsdp in (("fsdp", False), ("b-sdp", True)):
-        for ring in (True, False):
+        for gloo in (True, False):  # ring and async all-gathers, or FSDP2's gloo defaults
             spec = BenchSpec("llama-tiny", strategy, world, 2, 16, coverage=0.5, fsdp=fsdp,
-                             model_args=MODEL, ring_reduce_scatter=ring)
+                             model_args=MODEL, ring_reduce_scatter=gloo, async_unshard=gloo)
             built = build_rank(spec)
             g = torch.Generator().manual_seed(rank)
-            before = calls
+            before = dict(calls)
             losses = [lm_step(built, torch.randint(0, 61, (2, 17), generator=g))
                       for _ in range(3)]
-            out[spec.label] = (losses, calls - before)
+            out[spec.label] = (losses, calls["ring"] - before["ring"],
+                               calls["async gather"] - before["async gather"])
     return out
 
 
 def test_training_with_the_ring_equals_training_without() -> None:
+    """fsdp and b-sdp+fsdp train the same with runtime.ring's reduce-scatter and async
+    all-gathers as with FSDP2's gloo defaults."""
     results = run_workers(_train, 4)
+    off = " (gloo rs) (sync unshard)"
     for per_rank in results:
-        assert set(per_rank) == {"fsdp", "fsdp (gloo rs)", "b-sdp+fsdp (C=0.5)",
-                                 "b-sdp+fsdp (C=0.5) (gloo rs)"}
+        assert set(per_rank) == {"fsdp", f"fsdp{off}", "b-sdp+fsdp (C=0.5)",
+                                 f"b-sdp+fsdp (C=0.5){off}"}
         for label in ("fsdp", "b-sdp+fsdp (C=0.5)"):
-            (ring, calls), (gloo, none) = per_rank[label], per_rank[f"{label} (gloo rs)"]
-            assert calls > 0 and none == 0  # the ring ran, and only where asked for
+            (ring, rings, asyncs), (gloo, no_rings, no_asyncs) = (per_rank[label],
+                                                                  per_rank[label + off])
+            # both ran, and only where asked for
+            assert rings > 0 and asyncs > 0 and no_rings == no_asyncs == 0
             # three AdamW steps apart only by the reduce-scatters' summation order
             assert ring == pytest.approx(gloo, rel=1e-5)
 

@@ -60,7 +60,7 @@ from subnetdp.plan import Plan
 from subnetdp.plan.schedule import ADJACENT, OFF, check, fsdp_schedule
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.refresh import exchange
-from subnetdp.runtime.ring import use_ring_reduce_scatter
+from subnetdp.runtime.ring import GLOO_DEFAULTS, GlooComms
 
 
 def holder_mesh(groups: HolderGroups, ranks: tuple[int, ...], device_type: str) -> DeviceMesh:
@@ -106,14 +106,14 @@ def shard_blocks(
     frozen: Iterable[nn.Parameter] = (),
     reshard_after_forward: bool = True,
     prefetch: str = ADJACENT,
-    ring_reduce_scatter: bool = True,
+    gloo: GlooComms = GLOO_DEFAULTS,
 ) -> tuple[list[FSDPModule], list[GroupTraffic]]:
     """``fully_shard`` each ``(unit, block)`` over its holders' mesh, in unit order, then the
     root over the world (everything left: the shared parameters). ``frozen`` parameters (non-held
     units under backward masking) stay whole and local. ``reshard_after_forward=False`` keeps
     each block gathered from its forward to its backward ([Note: neuron groups]); ``prefetch``
     (``plan.schedule.ADJACENT`` or ``OFF``) applies to resharded blocks;
-    ``ring_reduce_scatter``: gloo meshes reduce-scatter with ``runtime.ring``. Returns the FSDP
+    ``gloo``: how gloo meshes communicate (``runtime.ring``). Returns the FSDP
     modules, root last, and their per-step traffic."""
     sharded: list[FSDPModule] = []
     traffic: list[GroupTraffic] = []
@@ -125,7 +125,7 @@ def shard_blocks(
         traffic.append(GroupTraffic(plan.holders(u), numel,
                                     gathers=2 if reshard_after_forward else 1))
         mesh = holder_mesh(groups, plan.holders(u), device_type)
-        sharded.append(_shard(block, mesh, ring_reduce_scatter, mp_policy=mp_policy,
+        sharded.append(_shard(block, mesh, gloo, mp_policy=mp_policy,
                               reshard_after_forward=reshard_after_forward))
     _set_prefetch(sharded, [u for u, _ in sorted(blocks, key=lambda b: b[0])],
                   adjacent=prefetch == ADJACENT and reshard_after_forward)
@@ -134,17 +134,16 @@ def shard_blocks(
         p.numel() for p in ignored)
     traffic.append(GroupTraffic(everyone, rest, gathers=1))
     world = holder_mesh(groups, everyone, device_type)
-    sharded.append(_shard(module, world, ring_reduce_scatter, mp_policy=mp_policy,
+    sharded.append(_shard(module, world, gloo, mp_policy=mp_policy,
                           ignored_params=ignored or None))
     return sharded, traffic
 
 
-def _shard(module: nn.Module, mesh: DeviceMesh, ring: bool, **kw: Any) -> FSDPModule:
-    """``fully_shard`` over ``mesh``; ``ring``: with ``runtime.ring``'s reduce-scatter where
-    the mesh is gloo's (the baseline and SDP + FSDP alike)."""
+def _shard(module: nn.Module, mesh: DeviceMesh, gloo: GlooComms, **kw: Any) -> FSDPModule:
+    """``fully_shard`` over ``mesh``, set up by ``gloo`` where the mesh is gloo's (the
+    baselines and SDP + FSDP alike)."""
     out = fully_shard(module, mesh=mesh, **kw)
-    if ring:
-        use_ring_reduce_scatter(out, mesh)
+    gloo.apply(out, mesh)
     return out
 
 
@@ -172,19 +171,19 @@ def check_fsdp_schedule(
 
 def shard_over_mesh(
     module: nn.Module, blocks: Iterable[nn.Module], mesh: DeviceMesh,
-    mp_policy: MixedPrecisionPolicy, *, ring_reduce_scatter: bool = True,
+    mp_policy: MixedPrecisionPolicy, *, gloo: GlooComms = GLOO_DEFAULTS,
 ) -> list[GroupTraffic]:
     """Plain FSDP2 (the baselines): ``fully_shard`` every block over ``mesh``, then the root,
-    which takes what is left (embeddings, norms, output layer); ``ring_reduce_scatter`` as in
+    which takes what is left (embeddings, norms, output layer); ``gloo`` as in
     ``shard_blocks``. Returns per-step traffic."""
     ranks = tuple(dist.get_process_group_ranks(mesh.get_group()))
     traffic = []
     for block in blocks:
         traffic.append(GroupTraffic(ranks, sum(p.numel() for p in block.parameters()), 2))
-        _shard(block, mesh, ring_reduce_scatter, mp_policy=mp_policy)
+        _shard(block, mesh, gloo, mp_policy=mp_policy)
     rest = sum(p.numel() for p in module.parameters()) - sum(t.numel for t in traffic)
     traffic.append(GroupTraffic(ranks, rest, gathers=1))
-    _shard(module, mesh, ring_reduce_scatter, mp_policy=mp_policy)
+    _shard(module, mesh, gloo, mp_policy=mp_policy)
     return traffic
 
 

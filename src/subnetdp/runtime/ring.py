@@ -1,4 +1,4 @@
-"""A ring reduce-scatter for FSDP2 over gloo.
+"""FSDP2 over gloo: a ring reduce-scatter, and all-gathers that overlap compute.
 
 gloo's ``reduce_scatter_tensor`` is a clone and an all-reduce of the whole tensor
 (``ProcessGroupGloo::reduce_scatter_tensor_coalesced``), so FSDP2 over gloo puts 2(h-1)/h of
@@ -6,7 +6,7 @@ every gradient on the wire where a ring needs (h-1)/h (docs/results/network.md, 
 ``RingReduceScatter`` is the ring, out of gloo's point-to-point sends: h-1 steps, in each of
 which every rank sends one 1/h chunk to the next rank and adds the chunk it receives from the
 previous one; after the last step rank i holds the reduced chunk i. FSDP2 takes it through its
-supported hook, ``FSDPModule.set_custom_reduce_scatter`` (``use_ring_reduce_scatter``).
+supported hook, ``FSDPModule.set_custom_reduce_scatter`` (``GlooComms``).
 
 Semantics are FSDP2's reduce-scatter: ``input`` is the padded flat gradient, h equal chunks
 in group-rank order; ``output`` gets this rank's chunk reduced with ``op`` (FSDP2 passes
@@ -19,6 +19,7 @@ order (bit for bit at h = 2, where the one addition commutes).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -75,11 +76,30 @@ def ring_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.Proces
         out.view(-1).copy_(chunks[0])
 
 
-def use_ring_reduce_scatter(module: FSDPModule, mesh: DeviceMesh) -> None:
-    """Give ``module`` (just ``fully_shard``-ed over ``mesh``) the ring when the mesh's process
-    group is gloo's with more than one rank; anything else (NCCL, the fake group of
-    compute-only runs and the memory estimator, one-rank meshes) keeps FSDP2's built-in
-    reduce-scatter."""
-    pg = mesh.get_group()
-    if pg.size() > 1 and dist.get_backend(pg) == dist.Backend.GLOO:
-        module.set_custom_reduce_scatter(RingReduceScatter())
+@dataclass(frozen=True)
+class GlooComms:
+    """How FSDP2 communicates over a gloo mesh (``Composition``'s fields of the same names).
+    ``ring_reduce_scatter``: ``RingReduceScatter``, not gloo's all-reduce of the whole
+    tensor. ``async_unshard``: all-gathers are issued asynchronously (gloo runs them on its
+    own threads), so a prefetched block's gather overlaps the current block's compute; FSDP2's
+    default (``async_op=False``) relies on CUDA streams for that overlap and, on a CPU, which
+    has none, blocks for every all-gather where it is issued, prefetch or not."""
+
+    ring_reduce_scatter: bool = True
+    async_unshard: bool = True
+
+    def apply(self, module: FSDPModule, mesh: DeviceMesh) -> None:
+        """Set ``module`` (just ``fully_shard``-ed over ``mesh``) up for gloo when the mesh's
+        process group is gloo's with more than one rank; anything else (NCCL, the fake group
+        of compute-only runs and the memory estimator, one-rank meshes) keeps FSDP2's
+        defaults."""
+        pg = mesh.get_group()
+        if pg.size() < 2 or dist.get_backend(pg) != dist.Backend.GLOO:
+            return
+        if self.ring_reduce_scatter:
+            module.set_custom_reduce_scatter(RingReduceScatter())
+        if self.async_unshard:  # FSDPModule's documented switch (torch 2.13 names it private)
+            module._set_unshard_async_op(True)
+
+
+GLOO_DEFAULTS = GlooComms()
