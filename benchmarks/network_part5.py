@@ -17,7 +17,8 @@ Root and iproute2 (``bench.netem``); 4 gloo workers on one shared throttled link
    step inside all-gather calls (issue, and the wait when blocking) and reduce-scatters
    (always blocking: FSDP2 calls them synchronously).
 
-Writes benchmarks/results/network_part5.{json,md}.
+Writes benchmarks/results/network_part5.{json,md} (links measured earlier and not named by
+``--links`` are kept).
 """
 
 from __future__ import annotations
@@ -251,11 +252,14 @@ def main() -> None:
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    results = []
+    path = OUT / "network_part5.json"
+    # links measured before and not asked for now are kept
+    results = [r for r in (json.loads(path.read_text()) if path.exists() else [])
+               if r["link_arg"] not in args.links]
     for text in args.links:
         print(f"run {text}", flush=True)
         results.append(measure(text, args.steps))
-        write_atomic(OUT / "network_part5.json", json.dumps(results, indent=1) + "\n")
+        write_atomic(path, json.dumps(results, indent=1) + "\n")
         write_atomic(OUT / "network_part5.md", markdown(results))
     print(markdown(results))
 
