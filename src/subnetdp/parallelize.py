@@ -138,11 +138,13 @@ def _fsdp(
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from subnetdp.runtime.fsdp import shard_over_mesh, world_mesh
+    from subnetdp.runtime.ring import GlooComms
 
     param, red = compute_dtype(comp), reduce_dtype(comp)
     policy = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=red)
     traffic = shard_over_mesh(full, [b for _, b in unit_modules(full, adapter)],
-                              world_mesh(dev.type), policy)
+                              world_mesh(dev.type), policy,
+                              gloo=GlooComms(comp.ring_reduce_scatter, comp.async_unshard))
     master = storage_dtype(comp).itemsize
     return FSDPRank(full, strategy=strat, traffic=traffic,
                     param_bytes=(param.itemsize if param is not None else master),

@@ -108,7 +108,12 @@ class Composition:
     order]); False issues every all-gather when its block runs; ``zero``: ZeRO-1 (1: optimizer
     state) or ZeRO-2 (2: also the reduced gradients) sharded over each unit's holders
     (``runtime.zero``; with ``ddp``: torch's ZeroRedundancyOptimizer for 1, the holder reducer
-    at full coverage for 2)."""
+    at full coverage for 2); ``ring_reduce_scatter``: FSDP2's reduce-scatter over gloo is a
+    ring of point-to-point sends (``runtime.ring``: (h-1)/h of the gradient on the wire, not
+    gloo's all-reduce, 2(h-1)/h); ``async_unshard``: FSDP2 over gloo issues its all-gathers
+    asynchronously, so that prefetch overlaps compute (``runtime.ring.GlooComms``; FSDP2's
+    default blocks on a CPU). False keeps gloo's reduce-scatter or FSDP2's blocking
+    all-gathers, only as labelled comparisons; other backends always run FSDP2's defaults."""
 
     fsdp: bool = False
     ac: bool = False
@@ -121,6 +126,8 @@ class Composition:
     fsdp_prefetch: bool = True
     zero: int = 0
     compile: bool = False  # torch.compile per block (runtime.compile)
+    ring_reduce_scatter: bool = True
+    async_unshard: bool = True
 
     def check(self, strategy: Strategy) -> None:
         """Refuse combinations that cannot be built, with a message that says what to do."""
@@ -162,11 +169,20 @@ def label(strategy: Strategy, comp: Composition, coverage: float | None = None) 
     if not strategy.is_sdp:
         base = "fsdp" if comp.fsdp else "ddp"
         name = base + ("+ac" if comp.ac else "") + (f"+zero{comp.zero}" if comp.zero else "")
-        return name if comp.ddp_bucket_view else f"{name} (default buckets)"
+        name = name if comp.ddp_bucket_view else f"{name} (default buckets)"
+        return _gloo_label(name, comp)
     name = strategy.name + ("+fsdp" if comp.fsdp else "") + ("+ac" if comp.ac else "")
     name += f"+zero{comp.zero}" if comp.zero else ""
     name = name if coverage is None else f"{name} (C={coverage:g})"
-    return name if comp.fsdp_prefetch or not comp.fsdp else f"{name} (no prefetch)"
+    name = name if comp.fsdp_prefetch or not comp.fsdp else f"{name} (no prefetch)"
+    return _gloo_label(name, comp)
+
+
+def _gloo_label(name: str, comp: Composition) -> str:
+    if not comp.fsdp:
+        return name
+    name = name if comp.ring_reduce_scatter else f"{name} (gloo rs)"
+    return name if comp.async_unshard else f"{name} (sync unshard)"
 
 
 BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")

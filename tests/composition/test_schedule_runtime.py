@@ -1,10 +1,11 @@
 """The schedule checker's model is what FSDP2 really issues (plan.schedule, runtime.fsdp).
 
-Each worker records every all-gather and reduce-scatter FSDP2 sends (kind and group) during one
-training step and compares the sequence with ``plan.schedule.fsdp_schedule`` for its rank: so
-the checker proves the schedule the runtime runs, prefetch included, and prefetch on really
-moves the all-gathers. A configuration the checker rejects is refused when wrapping, on every
-rank, before any collective.
+Each worker records every all-gather and reduce-scatter FSDP2 sends (kind and group; over
+gloo the reduce-scatter is ``runtime.ring``'s) during one training step and compares the
+sequence with ``plan.schedule.fsdp_schedule`` for its rank: so the checker proves the schedule
+the runtime runs, prefetch included, and prefetch on really moves the all-gathers. A
+configuration the checker rejects is refused when wrapping, on every rank, before any
+collective.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 
 from subnetdp.plan import Plan, explicit_plan, make_plan
 from subnetdp.plan.schedule import ADJACENT, DEFAULT, OFF, ScheduleError, fsdp_schedule
-from subnetdp.runtime import SubnetDataParallel
+from subnetdp.runtime import SubnetDataParallel, ring
 from subnetdp.runtime.backends import _part_order
 from subnetdp.subnet.units import describe_units
 from tests.composition.test_fsdp_ac_bf16 import WORLD, _batch, _meta_model, _plan
@@ -42,11 +43,18 @@ def _record(rank: int, world: int, strategy: str, plan: Plan, prefetch: bool) ->
     if strategy == "n-sdp":
         order = [u for u in _part_order(sdp.module, sdp.pieces, set(sdp.held_units))
                  if plan.holds(rank, u)]
+    ring_rs = ring.ring_reduce_scatter  # gloo's reduce-scatter is runtime.ring's
+
+    def ring_spy(out: Any, inp: Any, group: Any) -> None:
+        seen.append(("reduce_scatter", tuple(dist.get_process_group_ranks(group))))
+        ring_rs(out, inp, group)
+
     sequences = []
     for step in range(2):  # step 0 includes FSDP's lazy init; step 1 is the steady state
         seen.clear()
         dist.all_gather_single = spy("all_gather")  # type: ignore[attr-defined]
         dist.reduce_scatter_single = spy("reduce_scatter")  # type: ignore[attr-defined]
+        ring.ring_reduce_scatter = ring_spy
         try:
             x, y = _batch("llama", rank, step)
             logits = sdp(x)
@@ -54,6 +62,7 @@ def _record(rank: int, world: int, strategy: str, plan: Plan, prefetch: bool) ->
         finally:
             for k, f in originals.items():
                 setattr(dist, k, f)
+            ring.ring_reduce_scatter = ring_rs
         sequences.append([s for s in seen if len(s[1]) > 1])
     return sequences, order
 

@@ -90,6 +90,8 @@ class BenchSpec:
     capacities: tuple[float, ...] | None = None
     min_holders: int = 1
     fsdp_prefetch: bool = True  # SDP + FSDP: prefetch adjacent held blocks (runtime.fsdp)
+    ring_reduce_scatter: bool = True  # FSDP over gloo: runtime.ring's reduce-scatter
+    async_unshard: bool = True  # FSDP over gloo: all-gathers overlap compute (runtime.ring)
     zero: int = 0  # SDP: ZeRO-1/2 inside holder groups (runtime.zero); baselines: ddp+zero1/2
     # the rest of strategy.Composition, as a run sets them (reduce_dtype needs fsdp)
     reduce_dtype: str | None = None

@@ -20,7 +20,8 @@
   as long as its busiest link needs plus the latency steps of the rank with the most. Wire
   bytes can exceed the counted ones: gloo runs ``reduce_scatter_tensor`` as an all-reduce of the
   whole tensor (``ProcessGroupGloo::reduce_scatter_tensor_coalesced``: clone, all-reduce, keep
-  one chunk), so ``WIRE`` doubles its share on gloo.
+  one chunk), so ``WIRE`` doubles its share on gloo; FSDP runs ``runtime.ring``'s ring instead
+  (``BenchSpec.ring_reduce_scatter``, the default: ``RING_REDUCE_SCATTER_WIRE``).
 - **Overlap**: what hides behind compute. Bucketed all-reduces (DDP, SDP's reducer, ZeRO's
   reduce-scatters) launch as buckets fill during backward: with n buckets, the last bucket's
   share is exposed and the rest hides behind backward as far as backward lasts
@@ -50,6 +51,9 @@ from subnetdp.subnet.costs import ModelCosts, UnitCost, recipe_costs
 
 # per backend, wire bytes / counted ring bytes of a collective kind (1 when absent)
 WIRE: dict[str, dict[str, float]] = {"gloo": {"reduce_scatter": 2.0}, "nccl": {}}
+# FSDP's reduce-scatter over gloo with runtime.ring (spec.ring_reduce_scatter): as counted;
+# ZeRO's (runtime.zero) stays gloo's own
+RING_REDUCE_SCATTER_WIRE = 1.0
 DDP_FIRST_BUCKET = 1 << 20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
@@ -261,6 +265,8 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
     fwd_s, bwd_s = slowest.forward / rate, (slowest.backward + slowest.recompute) / rate
     colls = colls if colls is not None else collectives(spec)
     wire = WIRE.get(backend, {})
+    if spec.uses_fsdp and spec.ring_reduce_scatter and backend == "gloo":
+        wire = {**wire, "reduce_scatter": RING_REDUCE_SCATTER_WIRE}
     comm: dict[str, float] = {}
     calls: dict[str, int] = {}
     for phase in ("forward", "backward", "after"):

@@ -36,6 +36,7 @@ from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.masking import Trainable, backward_trainable, forward_trainable
 from subnetdp.runtime.reducer import CommStats, HolderReducer
 from subnetdp.runtime.refresh import Refresher
+from subnetdp.runtime.ring import GLOO_DEFAULTS, GlooComms
 from subnetdp.strategy import Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.pieces import LocalPiece, Piece, reduction_order
@@ -175,6 +176,7 @@ class FSDPBackend:
         adapter: UnitAdapter, pieces: Sequence[Piece], local: Mapping[str, Sequence[LocalPiece]],
         held: Sequence[int], strategy: Strategy, param_dtype: torch.dtype | None,
         reduce_dtype: torch.dtype | None, device: torch.device, prefetch: bool = True,
+        gloo: GlooComms = GLOO_DEFAULTS,
     ) -> None:
         self.module = module
         held_set = set(held)
@@ -212,7 +214,7 @@ class FSDPBackend:
             module, shardable, plan, groups, device_type=device.type, mp_policy=policy,
             frozen=frozen,
             reshard_after_forward=not strategy.neuron_level,  # [Note: neuron groups]
-            prefetch=mode,
+            prefetch=mode, gloo=gloo,
         )
         self.trainable = Trainable(
             {k: p for k, p in module.named_parameters() if p.requires_grad}, {}

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,6 +60,7 @@ from subnetdp.plan import Plan
 from subnetdp.plan.schedule import ADJACENT, OFF, check, fsdp_schedule
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.refresh import exchange
+from subnetdp.runtime.ring import GLOO_DEFAULTS, GlooComms
 
 
 def holder_mesh(groups: HolderGroups, ranks: tuple[int, ...], device_type: str) -> DeviceMesh:
@@ -104,12 +106,14 @@ def shard_blocks(
     frozen: Iterable[nn.Parameter] = (),
     reshard_after_forward: bool = True,
     prefetch: str = ADJACENT,
+    gloo: GlooComms = GLOO_DEFAULTS,
 ) -> tuple[list[FSDPModule], list[GroupTraffic]]:
     """``fully_shard`` each ``(unit, block)`` over its holders' mesh, in unit order, then the
     root over the world (everything left: the shared parameters). ``frozen`` parameters (non-held
     units under backward masking) stay whole and local. ``reshard_after_forward=False`` keeps
     each block gathered from its forward to its backward ([Note: neuron groups]); ``prefetch``
-    (``plan.schedule.ADJACENT`` or ``OFF``) applies to resharded blocks. Returns the FSDP
+    (``plan.schedule.ADJACENT`` or ``OFF``) applies to resharded blocks;
+    ``gloo``: how gloo meshes communicate (``runtime.ring``). Returns the FSDP
     modules, root last, and their per-step traffic."""
     sharded: list[FSDPModule] = []
     traffic: list[GroupTraffic] = []
@@ -121,8 +125,8 @@ def shard_blocks(
         traffic.append(GroupTraffic(plan.holders(u), numel,
                                     gathers=2 if reshard_after_forward else 1))
         mesh = holder_mesh(groups, plan.holders(u), device_type)
-        sharded.append(fully_shard(block, mesh=mesh, mp_policy=mp_policy,
-                                   reshard_after_forward=reshard_after_forward))
+        sharded.append(_shard(block, mesh, gloo, mp_policy=mp_policy,
+                              reshard_after_forward=reshard_after_forward))
     _set_prefetch(sharded, [u for u, _ in sorted(blocks, key=lambda b: b[0])],
                   adjacent=prefetch == ADJACENT and reshard_after_forward)
     everyone = tuple(range(plan.world))
@@ -130,9 +134,17 @@ def shard_blocks(
         p.numel() for p in ignored)
     traffic.append(GroupTraffic(everyone, rest, gathers=1))
     world = holder_mesh(groups, everyone, device_type)
-    sharded.append(fully_shard(module, mesh=world, mp_policy=mp_policy,
-                               ignored_params=ignored or None))
+    sharded.append(_shard(module, world, gloo, mp_policy=mp_policy,
+                          ignored_params=ignored or None))
     return sharded, traffic
+
+
+def _shard(module: nn.Module, mesh: DeviceMesh, gloo: GlooComms, **kw: Any) -> FSDPModule:
+    """``fully_shard`` over ``mesh``, set up by ``gloo`` where the mesh is gloo's (the
+    baselines and SDP + FSDP alike)."""
+    out = fully_shard(module, mesh=mesh, **kw)
+    gloo.apply(out, mesh)
+    return out
 
 
 def _set_prefetch(mods: Sequence[FSDPModule], units: Sequence[int], *, adjacent: bool) -> None:
@@ -159,18 +171,19 @@ def check_fsdp_schedule(
 
 def shard_over_mesh(
     module: nn.Module, blocks: Iterable[nn.Module], mesh: DeviceMesh,
-    mp_policy: MixedPrecisionPolicy,
+    mp_policy: MixedPrecisionPolicy, *, gloo: GlooComms = GLOO_DEFAULTS,
 ) -> list[GroupTraffic]:
     """Plain FSDP2 (the baselines): ``fully_shard`` every block over ``mesh``, then the root,
-    which takes what is left (embeddings, norms, output layer). Returns per-step traffic."""
+    which takes what is left (embeddings, norms, output layer); ``gloo`` as in
+    ``shard_blocks``. Returns per-step traffic."""
     ranks = tuple(dist.get_process_group_ranks(mesh.get_group()))
     traffic = []
     for block in blocks:
         traffic.append(GroupTraffic(ranks, sum(p.numel() for p in block.parameters()), 2))
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+        _shard(block, mesh, gloo, mp_policy=mp_policy)
     rest = sum(p.numel() for p in module.parameters()) - sum(t.numel for t in traffic)
     traffic.append(GroupTraffic(ranks, rest, gathers=1))
-    fully_shard(module, mesh=mesh, mp_policy=mp_policy)
+    _shard(module, mesh, gloo, mp_policy=mp_policy)
     return traffic
 
 

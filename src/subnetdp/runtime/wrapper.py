@@ -26,6 +26,7 @@ from subnetdp.runtime.fsdp import local_tensor, my_chunk
 from subnetdp.runtime.grouped import group_layers
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.reducer import CommStats
+from subnetdp.runtime.ring import GlooComms
 from subnetdp.runtime.zero import ZeroOptimizer
 from subnetdp.strategy import Composition, RankSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
@@ -153,7 +154,8 @@ class SubnetDataParallel(nn.Module):
             FSDPBackend(module, plan=plan, rank=self.rank, groups=self.groups, adapter=adapter,
                         pieces=self.pieces, local=self.local, held=self.held_units,
                         strategy=strat, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                        device=dev, prefetch=comp.fsdp_prefetch)
+                        device=dev, prefetch=comp.fsdp_prefetch,
+                        gloo=GlooComms(comp.ring_reduce_scatter, comp.async_unshard))
             if fsdp else
             ReducerBackend(module, plan=plan, rank=self.rank, groups=self.groups,
                            pieces=self.pieces, local=self.local, held=self.held_units,
