@@ -34,10 +34,10 @@ from subnetdp.subnet.pieces import full_pieces
 # four blocks keep each fake-mode step to a few hundred ops (the suite must stay quick)
 TINY = {"recipe": "llama-tiny", "world": 4, "batch": 2, "seq": 32,
         "model_args": (("n_layers", 4),)}
-# Neuron-level strategies split every layer alike into the world's groups; their steps (narrowed
-# pieces per group and layer) cost 3 times a block-level one, 10 times with FSDP: two layers
-# show the same per-layer layout at half the cost.
-NEURON_TINY = (("n_layers", 2),)
+# Where the layer count shapes no plan row, two layers show the same layout at half the cost:
+# baselines (the whole model on every rank) and neuron-level strategies (every layer split
+# alike into the world's groups; their steps cost 3 times a block-level one, 10 with FSDP).
+TWO_LAYERS = (("n_layers", 2),)
 
 
 ODD = {"coverage": 0.75, "bucket_cap_mb": 0.004,
@@ -123,8 +123,8 @@ def _hand_zero_state(spec: BenchSpec, rank: int) -> dict[str, int]:
 def test_state_bytes_equal_the_analytic_formula(opts: dict) -> None:
     baseline = opts["strategy"] in (*BASELINES, *ZERO_BASELINES)
     spec = BenchSpec(**{**TINY, "coverage": 1.0 if baseline else 0.5, **opts})
-    if spec.strategy_value.neuron_level:
-        spec = spec.replace(model_args=NEURON_TINY)
+    if (baseline or spec.strategy_value.neuron_level) and "model_args" not in opts:
+        spec = spec.replace(model_args=TWO_LAYERS)
     rank = heaviest_rank(spec)
     est = estimate_memory(spec, ranks=[rank])
     r = est.per_rank[0]
