@@ -39,7 +39,10 @@ GLOO_RS_CLONE = pytest.mark.xfail(reason="gloo's reduce-scatter clones its input
                                   strict=False)
 COMPOSED_BASE = BASE.replace(strategy="b-sdp", world=4, coverage=0.5)
 COMPOSED = [COMPOSED_BASE.replace(ac=True), COMPOSED_BASE.replace(fsdp=True, ac=True),
-            COMPOSED_BASE.replace(strategy="n-sdp", fsdp=True, ac=True),
+            # two layers: its estimate (narrowed pieces in FSDP modules) costs 10 times a
+            # block-level one, and each layer is split alike
+            COMPOSED_BASE.replace(strategy="n-sdp", fsdp=True, ac=True,
+                                  model_args=(("n_layers", 2),)),
             COMPOSED_BASE.replace(strategy="fsdp+ac", coverage=1.0),
             COMPOSED_BASE.replace(zero=2)]  # ZeRO-2 inside holder groups (runtime.zero)
 MIXED = [COMPOSED_BASE.replace(strategy="ddp", coverage=1.0, dtype="bf16-mixed"),
