@@ -24,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from subnetdp.bench.netem import TBF_BURST
 from subnetdp.estimate.cluster import DEVICES, Cluster, Link
 from subnetdp.estimate.spec import BenchSpec
 from subnetdp.estimate.steptime import predict_step
@@ -49,8 +50,11 @@ def campaign(row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def link_of(row: dict[str, Any]) -> Link:
-    """β from the large transfer, α = half the ping-pong's round trip."""
-    return Link(row["measured_mbit"] * 1e6 / 8, row["rtt_ms"] / 2e3)
+    """β from the large transfer, α = half the ping-pong's round trip; a throttled link's
+    token bucket is the one the benchmark configured (``netem.TBF_BURST``)."""
+    shaped = row["link"]["rate_mbit"] is not None
+    return Link(row["measured_mbit"] * 1e6 / 8, row["rtt_ms"] / 2e3,
+                TBF_BURST if shaped else 0.0)
 
 
 def cluster_of(row: dict[str, Any], loopback: Link) -> Cluster:

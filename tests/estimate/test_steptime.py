@@ -15,6 +15,7 @@ from subnetdp.estimate.spec import BenchSpec
 from subnetdp.estimate.steptime import (
     Collective,
     _phase_time,
+    bucket_exposed,
     collectives,
     pipelined,
     predict_step,
@@ -88,6 +89,61 @@ def test_overlap_rule() -> None:
     # communication longer than compute: all but (n-1)/n of the compute is exposed
     assert pipelined(3.0, 1.0, 2) == pytest.approx(1.5 + 0.5 * 2.0)
     assert pipelined(0.0, 1.0, 3) == 0.0
+
+
+def test_buckets_launch_when_ready() -> None:
+    """A bucket leaves when backward has produced it and the link is free: DDP's small first
+    bucket hides, its last one (ready when backward ends) is exposed whole."""
+    assert bucket_exposed(1.0, 5.0, [(0.1, 0.1), (1.0, 0.9)]) == pytest.approx(0.9)
+    # equal buckets ready at 1/4, 2/4, 3/4, 1 of a long backward: the last one's share
+    assert bucket_exposed(1.0, 5.0, [(i / 4, 1.0) for i in (1, 2, 3, 4)]) == \
+        pytest.approx(0.25)
+    # communication longer than backward: the link is never idle after the first bucket
+    assert bucket_exposed(3.0, 1.0, [(0.5, 1.0), (1.0, 1.0)]) == pytest.approx(0.5 + 3.0 - 1.0)
+    assert bucket_exposed(0.0, 1.0, [(1.0, 1.0)]) == 0.0
+
+
+def test_ddp_exposes_its_last_bucket() -> None:
+    """torch DDP's buckets on a slow link: the first 1 MiB hides behind backward, the rest (the
+    tied embedding's gradient is ready only at the end) is on the critical path."""
+    spec = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
+    costs = recipe_costs(get_recipe("llama-tiny"), batch=2, seq=32,
+                         model_args={"n_layers": 4})
+    cluster = _one_node(1e7, shared=True)
+    rate = (costs.shared.flops + sum(u.flops for u in costs.units)) / 10.0  # a 10 s step
+    t = predict_step(spec, cluster, rate=rate, costs=costs)
+    comm = t.comm_s["backward reduce"]
+    payload = analytic_comm(spec)[0]["by_group"]["0,1,2,3"]["payload"]
+    assert t.exposed_s["backward reduce"] == pytest.approx(comm * (1 - 2**20 / payload))
+
+
+def test_fsdp_blocks_on_gloo() -> None:
+    """FSDP2 issues its collectives with async_op=False: on gloo (no streams) every one waits,
+    so the step is compute + all of FSDP's link time; gloo's reduce-scatter is an all-reduce
+    (twice the ring bytes). On NCCL the prefetched gathers and the reduce-scatters pipeline."""
+    spec = BenchSpec(strategy="fsdp", **TINY)  # type: ignore[arg-type]
+    cluster = _one_node(1e7, shared=True)
+    ring = analytic_comm(spec)[0]["comm/ring_bytes_per_step"]
+    wire = sum(c.ring_bytes * (2 if c.kind == "reduce_scatter" else 1)
+               for c in collectives(spec)[0])
+    assert ring < wire < 2 * ring
+    gloo = predict_step(spec, cluster, rate=1e9, backend="gloo")
+    assert gloo.exposed_comm_s == pytest.approx(4 * wire / 1e7, rel=1e-9)
+    assert gloo.step_s == pytest.approx(gloo.compute_s + gloo.exposed_comm_s)
+    nccl = predict_step(spec, cluster, rate=1e9, backend="nccl")
+    assert nccl.exposed_comm_s < 4 * ring / 1e7
+
+
+def test_shaped_link_bursts_after_idle_gaps() -> None:
+    """A token bucket of B bytes passes B at once after each idle gap, refilled at the rate."""
+    world = (0, 1, 2, 3)
+    ag = [[Collective("all_gather", world, 1000.0, 2, "forward", True)] for _ in world]
+    shaped = Cluster(1, 4, DEVICES["cpu"], Link(1e6, 0.0, burst=400.0), shared_intra=True)
+    # 4 ranks x 750 B = 3000 B on the link; 2 gaps of 1 s: 800 B pass at once
+    assert _phase_time(shaped, ag, {}, gaps=2, gap_s=1.0) == pytest.approx(2200 / 1e6)
+    # gaps too short to refill: 2 x 1e6 B/s x 1e-4 s
+    assert _phase_time(shaped, ag, {}, gaps=2, gap_s=1e-4) == pytest.approx(2800 / 1e6)
+    assert _phase_time(shaped, ag, {}) == pytest.approx(3000 / 1e6)
 
 
 def test_compute_follows_counted_flops() -> None:

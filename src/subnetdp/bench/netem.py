@@ -42,7 +42,8 @@ SUBNET = "10.200.0"  # node k is .(k+1), the hub's bridge .254: inside our names
 HUB_ADDR = f"{SUBNET}.254"
 NODE_IF = "eth0"  # a node namespace's end of its veth pair
 CLONE_NEWNET = 0x40000000
-TBF = ("burst", "512kb", "latency", "200ms")  # burst >= MTU (9000); 200 ms of queue
+TBF_BURST = 512 * 1024  # bytes: the token bucket, >= the MTU (9000); tc reads "kb" as KiB
+TBF = ("burst", f"{TBF_BURST // 1024}kb", "latency", "200ms")  # and 200 ms of queue
 MTU = "9000"
 
 _UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}

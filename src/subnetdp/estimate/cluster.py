@@ -27,6 +27,9 @@ from dataclasses import dataclass
 class Link:
     bandwidth: float  # bytes/s, per direction
     latency: float = 0.0  # seconds, one hop (the α of the α-β model)
+    # bytes that pass at once after the link has idled: a token-bucket shaper's bucket (the
+    # emulated links' tbf, ``bench.netem.TBF``), refilled at ``bandwidth``; 0 on a real NIC
+    burst: float = 0.0
 
 
 @dataclass(frozen=True)

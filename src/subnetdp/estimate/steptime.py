@@ -23,13 +23,20 @@
   one chunk), so ``WIRE`` doubles its share on gloo; FSDP runs ``runtime.ring``'s ring instead
   (``BenchSpec.ring_reduce_scatter``, the default: ``RING_REDUCE_SCATTER_WIRE``).
 - **Overlap**: what hides behind compute. Bucketed all-reduces (DDP, SDP's reducer, ZeRO's
-  reduce-scatters) launch as buckets fill during backward: with n buckets, the last bucket's
-  share is exposed and the rest hides behind backward as far as backward lasts
-  (``pipelined``). FSDP's all-gathers in forward, and its all-gathers and reduce-scatters in
-  backward, pipeline the same way against forward and backward compute when adjacent blocks
-  are prefetched (``fsdp_prefetch``, subnetdp's default); without prefetch every all-gather
-  is on the critical path. ZeRO's all-gathers of updated parameters and ddp+zero1's broadcasts
-  run after the optimizer step: exposed.
+  reduce-scatters) are launched asynchronously, in order, as buckets complete during backward:
+  a bucket is ready when backward has produced its last gradient (backward runs the output
+  head first, then the blocks last to first; the shared parameters, the tied embedding among
+  them, are ready only at the end; torch DDP's first bucket holds the first 1 MiB), and the
+  link carries the buckets one after the other; what is still on the link when backward ends
+  is exposed (``bucket_exposed``). So DDP's large last bucket and SDP's world bucket are on the
+  critical path. FSDP's all-gathers and reduce-scatters pipeline against forward and backward
+  when adjacent blocks are prefetched (``fsdp_prefetch``, subnetdp's default) on backends with
+  side streams (NCCL); on gloo they block (``FSDP_BLOCKING``): all of them are exposed.
+  ZeRO's all-gathers of updated parameters and ddp+zero1's broadcasts run after the optimizer
+  step: exposed.
+- **Shaped links**: a link with a token bucket (``Link.burst``: the emulated links' tbf) sends
+  the first ``burst`` bytes after each idle gap at once; blocking calls separated by compute
+  each start after such a gap.
 
 The model is calibrated, never fitted to the step times it predicts: ``rate`` from a matmul
 and a compute-only training step (``estimate.calibrate``), α and β of a link from a ping-pong
@@ -38,12 +45,13 @@ and a large transfer (the emulated benchmark's probe).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from subnetdp.estimate.cluster import Cluster
+from subnetdp.estimate.cluster import Cluster, Link
 from subnetdp.estimate.comm import analytic_comm, gather_scatter_elems
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.plan import Plan
@@ -54,6 +62,11 @@ WIRE: dict[str, dict[str, float]] = {"gloo": {"reduce_scatter": 2.0}, "nccl": {}
 # FSDP's reduce-scatter over gloo with runtime.ring (spec.ring_reduce_scatter): as counted;
 # ZeRO's (runtime.zero) stays gloo's own
 RING_REDUCE_SCATTER_WIRE = 1.0
+# backends on which FSDP2's all-gathers and reduce-scatters block the training thread: torch
+# issues them with async_op=False on side streams (FSDPParamGroup.unshard_async_op,
+# foreach_reduce); a CPU has no streams, so each gloo call completes before the next op
+# starts: nothing overlaps, and prefetching only reorders the calls
+FSDP_BLOCKING = frozenset({"gloo"})
 DDP_FIRST_BUCKET = 1 << 20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
@@ -66,6 +79,7 @@ class Collective:
     payload: float  # bytes handed to the collective, per step (estimate.comm's)
     calls: int  # launches per step (buckets, FSDP modules): latency
     phase: str  # forward | backward | after (the optimizer step)
+    fsdp: bool = False  # issued by FSDP (else by a bucketed reducer or the optimizer)
 
     @property
     def ring_share(self) -> float:
@@ -100,11 +114,12 @@ def collectives(spec: BenchSpec) -> list[list[Collective]]:
                 if len(group) < 2:
                     continue
                 n = calls.get(group, 1)
-                colls += [Collective("all_gather", group, float(s * gb), n, "forward"),
-                          Collective("reduce_scatter", group, float(s * rb), n, "backward")]
+                colls += [Collective("all_gather", group, float(s * gb), n, "forward", True),
+                          Collective("reduce_scatter", group, float(s * rb), n, "backward",
+                                     True)]
                 if g > s:
                     colls.append(Collective("all_gather", group, float((g - s) * gb), n,
-                                            "backward"))
+                                            "backward", True))
             out.append(colls)
         return out
     cap = spec.bucket_cap_mb * 2**20
@@ -157,10 +172,23 @@ class RankFlops:
     forward: float
     backward: float
     recompute: float  # activation checkpointing: the checkpointed blocks' forward again
+    # per unit, its backward (+ recompute) FLOPs on this rank, and the shared part's backward
+    unit_backward: tuple[float, ...] = ()
+    shared_backward: float = 0.0
 
     @property
     def total(self) -> float:
         return self.forward + self.backward + self.recompute
+
+    def unit_ready(self) -> list[float]:
+        """Per unit, the fraction of this rank's backward done when the unit's gradients are
+        complete: the output head (shared) runs first, then the blocks last to first."""
+        total = self.shared_backward + sum(self.unit_backward) or 1.0
+        done, out = self.shared_backward, [0.0] * len(self.unit_backward)
+        for u in reversed(range(len(self.unit_backward))):
+            done += self.unit_backward[u]
+            out[u] = done / total
+        return out
 
 
 def rank_flops(spec: BenchSpec, costs: ModelCosts, plan: Plan | None) -> list[RankFlops]:
@@ -187,16 +215,17 @@ def rank_flops(spec: BenchSpec, costs: ModelCosts, plan: Plan | None) -> list[Ra
             held_set = set(plan.held_units(r))
             held = [1.0 if i in held_set else 0.0 for i in range(len(units))]
         fwd = bwd = rec = 0.0
+        unit_bwd = []
         for u, h in zip(units, held, strict=True):
             if s.backward_masked:  # full forward; input gradients everywhere
-                fwd += u.fwd_flops
-                bwd += u.bwd_flops - (1 - h) * wgrad(u)
-                rec += u.fwd_flops if spec.uses_ac else 0.0
+                f, b = float(u.fwd_flops), u.bwd_flops - (1 - h) * wgrad(u)
             else:
-                fwd += h * u.fwd_flops
-                bwd += h * u.bwd_flops
-                rec += h * u.fwd_flops if spec.uses_ac else 0.0
-        out.append(RankFlops(fwd + costs.shared.fwd_flops, bwd + costs.shared.bwd_flops, rec))
+                f, b = h * u.fwd_flops, h * u.bwd_flops
+            again = f if spec.uses_ac else 0.0  # the recompute
+            fwd, bwd, rec = fwd + f, bwd + b, rec + again
+            unit_bwd.append(b + again)
+        out.append(RankFlops(fwd + costs.shared.fwd_flops, bwd + costs.shared.bwd_flops, rec,
+                             tuple(unit_bwd), costs.shared.bwd_flops))
     return out
 
 
@@ -208,6 +237,58 @@ def pipelined(comm: float, compute: float, n: int) -> float:
         return 0.0
     n = max(1, n)
     return comm / n + (n - 1) / n * max(0.0, comm - compute)
+
+
+def bucket_exposed(comm: float, compute: float, buckets: list[tuple[float, float]]) -> float:
+    """Exposed time of ``comm`` (the link time of all ``buckets``) after ``compute`` (the
+    backward): ``buckets`` are (ready, share) in launch order, ``ready`` the fraction of the
+    backward done when the bucket can launch, ``share`` its fraction of ``comm``. A bucket
+    starts when it is ready and the one before it has left the link."""
+    if comm <= 0 or not buckets:
+        return 0.0
+    total = sum(share for _, share in buckets) or 1.0
+    end = 0.0
+    for ready, share in buckets:
+        end = max(end, ready * compute) + comm * share / total
+    return max(0.0, end - compute)
+
+
+def reduce_buckets(spec: BenchSpec, costs: ModelCosts, plan: Plan | None, flops: RankFlops,
+                   colls: list[Collective], wire: dict[str, float]) -> list[tuple[float, float]]:
+    """One rank's bucketed reductions as (ready, wire bytes) in launch order
+    (``bucket_exposed``). Each collective's payload is spread over the parameters of its
+    group, in reduction order (blocks last to first, the shared parameters at the end),
+    and cut into buckets as the reducers do (torch DDP: a 1 MiB first bucket; then
+    ``bucket_cap_mb``); a bucket is ready when its last parameter is."""
+    ready = flops.unit_ready()
+    cap = spec.bucket_cap_mb * 2**20
+    world = tuple(range(spec.world))
+    units = costs.units
+    out: list[tuple[float, float]] = []
+    for c in colls:
+        if c.phase != "backward" or c.fsdp:
+            continue
+        if plan is None or not spec.is_sdp or spec.strategy_value.neuron_level:
+            mine = list(range(len(units)))  # every unit has a piece in the group
+        else:
+            mine = [u for u in range(len(units)) if tuple(sorted(plan.holders(u))) == c.group]
+        pieces = [(float(units[u].params), ready[u]) for u in reversed(mine)]
+        if c.group == world:
+            pieces.append((float(costs.shared.params), 1.0))
+        if not pieces:
+            continue
+        per = c.payload / (sum(p for p, _ in pieces) or 1.0)  # payload bytes per parameter
+        link = c.ring_share * wire.get(c.kind, 1.0)  # bytes a rank sends per payload byte
+        first = c.kind == "all_reduce" and not spec.is_sdp  # torch DDP
+        limit, size = (float(DDP_FIRST_BUCKET) if first else cap), 0.0
+        for params, t in pieces:
+            size += params * per
+            while size >= limit:  # the bucket closes here
+                out.append((t, limit * link))
+                size, limit = size - limit, cap
+        if size > 0:
+            out.append((pieces[-1][1], size * link))
+    return sorted(out, key=lambda b: b[0])
 
 
 @dataclass
@@ -267,17 +348,73 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
     wire = WIRE.get(backend, {})
     if spec.uses_fsdp and spec.ring_reduce_scatter and backend == "gloo":
         wire = {**wire, "reduce_scatter": RING_REDUCE_SCATTER_WIRE}
+    blocking = backend in FSDP_BLOCKING
+    # runtime.ring's GlooComms makes FSDP2's all-gathers asynchronous (BenchSpec.async_unshard):
+    # they overlap compute as on NCCL, while the reduce-scatters still block
+    async_gathers = blocking and spec.async_unshard
     comm: dict[str, float] = {}
-    calls: dict[str, int] = {}
-    for phase in ("forward", "backward", "after"):
-        for kinds, name in ((("all_gather",), "gather"), (("all_reduce", "reduce_scatter",
-                                                             "broadcast"), "reduce")):
-            part = [[c for c in cs if c.phase == phase and c.kind in kinds] for cs in colls]
-            if any(part):
-                key = f"{phase} {name}"
-                comm[key] = _phase_time(cluster, part, wire)
-                calls[key] = max(sum(c.calls for c in cs) for cs in part)
-    exposed = _exposed(comm, calls, fwd_s, bwd_s, spec) if overlap else dict(comm)
+    exposed: dict[str, float] = {}
+
+    def part(pred: Any) -> list[list[Collective]]:
+        return [[c for c in cs if pred(c)] for cs in colls]
+
+    def calls_of(per_rank: list[list[Collective]]) -> int:
+        return max((sum(c.calls for c in cs) for cs in per_rank), default=0)
+
+    # FSDP: forward gathers; backward gathers and reduce-scatters (one call per module each)
+    fsdp_fwd = part(lambda c: c.fsdp and c.phase == "forward")
+    gathers = part(lambda c: c.fsdp and c.phase == "backward" and c.kind == "all_gather")
+    scatters = part(lambda c: c.fsdp and c.phase == "backward" and c.kind != "all_gather")
+    if async_gathers:  # gathers pipeline against compute; each reduce-scatter blocks
+        if any(fsdp_fwd):
+            c = comm["forward gather"] = _phase_time(cluster, fsdp_fwd, wire)
+            exposed["forward gather"] = (pipelined(c, fwd_s, calls_of(fsdp_fwd))
+                                         if overlap and spec.fsdp_prefetch else c)
+        g = comm["backward gather"] = _phase_time(cluster, gathers, wire) if any(gathers) else 0.0
+        # no idle gaps for a shaped link's burst: the prefetched gathers keep it busy
+        r = comm["backward scatter"] = (_phase_time(cluster, scatters, wire) if any(scatters)
+                                        else 0.0)
+        if g or r:
+            n = max(calls_of(gathers), calls_of(scatters))
+            exposed["backward"] = r + (pipelined(g, bwd_s, n)
+                                       if overlap and spec.fsdp_prefetch else g)
+    elif blocking:  # each module's calls follow the previous module's compute, all exposed
+        fsdp_bwd = [g + s for g, s in zip(gathers, scatters, strict=True)]
+        for key, per_rank, n, window in (
+                ("forward gather", fsdp_fwd, calls_of(fsdp_fwd), fwd_s),
+                ("backward", fsdp_bwd, max(calls_of(gathers), calls_of(scatters)), bwd_s)):
+            if any(per_rank):
+                comm[key] = exposed[key] = _phase_time(cluster, per_rank, wire, gaps=n,
+                                                       gap_s=window / n)
+    else:
+        if any(fsdp_fwd):
+            c = comm["forward gather"] = _phase_time(cluster, fsdp_fwd, wire)
+            exposed["forward gather"] = (pipelined(c, fwd_s, calls_of(fsdp_fwd))
+                                         if overlap and spec.fsdp_prefetch else c)
+        g = _phase_time(cluster, gathers, wire) if any(gathers) else 0.0
+        r = _phase_time(cluster, scatters, wire) if any(scatters) else 0.0
+        if any(gathers):
+            comm["backward gather"] = g
+        if any(scatters):
+            comm["backward scatter"] = r
+        if g or r:
+            n = max(calls_of(gathers), calls_of(scatters))
+            exposed["backward"] = (g + r if not overlap else pipelined(g + r, bwd_s, n)
+                                   if spec.fsdp_prefetch else g + pipelined(r, bwd_s, n))
+    # bucketed reductions during backward (DDP, SDP's reducer, ZeRO's reduce-scatters): one
+    # idle gap (forward) before the first
+    reducer = part(lambda c: not c.fsdp and c.phase == "backward")
+    if any(reducer):
+        t = comm["backward reduce"] = _phase_time(cluster, reducer, wire, gaps=1, gap_s=fwd_s)
+        exposed["backward reduce"] = t if not overlap else max(
+            bucket_exposed(t, bwd_s, reduce_buckets(spec, costs, plan, f, cs, wire))
+            for f, cs in zip(flops, colls, strict=True))
+    # after the optimizer step (ZeRO's gathers, ddp+zero1's broadcasts): exposed
+    for name, kinds in (("gather", ("all_gather",)), ("reduce", ("broadcast", "all_reduce",
+                                                                  "reduce_scatter"))):
+        after = part(lambda c, kinds=kinds: c.phase == "after" and c.kind in kinds)
+        if any(after):
+            comm[f"after {name}"] = exposed[f"after {name}"] = _phase_time(cluster, after, wire)
     tokens = spec.world * spec.batch * (costs.seq or 1)
     return StepTime(
         compute_s=fwd_s + bwd_s, comm_s=comm, exposed_s=exposed,
@@ -286,35 +423,14 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
         flops=flops, tokens=tokens)
 
 
-def _exposed(comm: dict[str, float], calls: dict[str, int], fwd_s: float, bwd_s: float,
-             spec: BenchSpec) -> dict[str, float]:
-    """Per phase, the part of ``comm`` on the critical path (module docstring): backward's
-    gathers and reductions share one window, backward's compute."""
-    out = {}
-    prefetch = spec.fsdp_prefetch
-    if "forward gather" in comm:  # FSDP's forward all-gathers
-        c = comm["forward gather"]
-        out["forward gather"] = pipelined(c, fwd_s, calls["forward gather"]) if prefetch else c
-    gather, reduce = comm.get("backward gather", 0.0), comm.get("backward reduce", 0.0)
-    n = max(calls.get("backward gather", 0), calls.get("backward reduce", 0))
-    if prefetch:
-        hidden = pipelined(gather + reduce, bwd_s, n)
-    else:  # every all-gather waits; the reductions still pipeline
-        hidden = gather + pipelined(reduce, bwd_s, n)
-    if gather or reduce:
-        out["backward"] = hidden
-    for key in ("after gather", "after reduce"):  # after the optimizer step: exposed
-        if key in comm:
-            out[key] = comm[key]
-    return out
-
-
-def _phase_time(cluster: Cluster, per_rank: list[list[Collective]],
-                wire: dict[str, float]) -> float:
+def _phase_time(cluster: Cluster, per_rank: list[list[Collective]], wire: dict[str, float],
+                *, gaps: int = 0, gap_s: float = 0.0) -> float:
     """Seconds for every rank's ``per_rank`` collectives: the busiest link's bytes over its
-    bandwidth, plus the latency steps of the rank that has the most."""
+    bandwidth, plus the latency steps of the rank that has the most. ``gaps`` idle gaps of
+    ``gap_s`` each precede calls: after each, a shaped link (``Link.burst``) passes up to its
+    refilled bucket at once."""
     load: dict[tuple[str, int], float] = defaultdict(float)
-    bandwidth: dict[tuple[str, int], float] = {}
+    links: dict[tuple[str, int], Link] = {}
     latency = 0.0
     for rank, colls in enumerate(per_rank):
         mine = 0.0
@@ -323,21 +439,25 @@ def _phase_time(cluster: Cluster, per_rank: list[list[Collective]],
             group = list(c.group)
             succ = group[(group.index(rank) + 1) % len(group)]
             crosses = len({cluster.node(r) for r in group}) > 1
-            for link, bw in _links(cluster, rank, succ):
-                load[link] += c.ring_bytes * f
-                bandwidth[link] = bw
+            for key, link in _links(cluster, rank, succ):
+                load[key] += c.ring_bytes * f
+                links[key] = link
             alpha = cluster.inter.latency if crosses and cluster.inter else cluster.intra.latency
             mine += c.calls * c.steps(f) * alpha
         latency = max(latency, mine)
-    busiest = max((load[k] / bandwidth[k] for k in load), default=0.0)
+    busiest = 0.0
+    for key, nbytes in load.items():
+        link = links[key]
+        if gaps:
+            nbytes -= gaps * min(link.burst, link.bandwidth * gap_s, nbytes / gaps)
+        busiest = max(busiest, nbytes / link.bandwidth)
     return busiest + latency
 
 
-def _links(cluster: Cluster, src: int, dst: int) -> list[tuple[tuple[str, int], float]]:
+def _links(cluster: Cluster, src: int, dst: int) -> list[tuple[tuple[str, int], Link]]:
     a, b = cluster.node(src), cluster.node(dst)
     if a == b:
-        return [(("node", a) if cluster.shared_intra else ("rank", src),
-                 cluster.intra.bandwidth)]
+        return [(("node", a) if cluster.shared_intra else ("rank", src), cluster.intra)]
     assert cluster.inter is not None
-    nic = cluster.inter.bandwidth * cluster.nics
+    nic = dataclasses.replace(cluster.inter, bandwidth=cluster.inter.bandwidth * cluster.nics)
     return [(("out", a), nic), (("in", b), nic)]
