@@ -120,8 +120,10 @@ def test_ddp_exposes_its_last_bucket() -> None:
 def test_fsdp_blocks_on_gloo() -> None:
     """FSDP2 issues its collectives with async_op=False: on gloo (no streams) every one waits,
     so the step is compute + all of FSDP's link time; gloo's reduce-scatter is an all-reduce
-    (twice the ring bytes). On NCCL the prefetched gathers and the reduce-scatters pipeline."""
-    spec = BenchSpec(strategy="fsdp", **TINY)  # type: ignore[arg-type]
+    (twice the ring bytes). On NCCL the prefetched gathers and the reduce-scatters pipeline.
+    runtime.ring's ring reduce-scatter moves the ring bytes, and its async gathers pipeline."""
+    spec = BenchSpec(strategy="fsdp", ring_reduce_scatter=False, async_unshard=False,
+                     **TINY)  # type: ignore[arg-type]
     cluster = _one_node(1e7, shared=True)
     ring = analytic_comm(spec)[0]["comm/ring_bytes_per_step"]
     wire = sum(c.ring_bytes * (2 if c.kind == "reduce_scatter" else 1)
@@ -132,6 +134,10 @@ def test_fsdp_blocks_on_gloo() -> None:
     assert gloo.step_s == pytest.approx(gloo.compute_s + gloo.exposed_comm_s)
     nccl = predict_step(spec, cluster, rate=1e9, backend="nccl")
     assert nccl.exposed_comm_s < 4 * ring / 1e7
+    ours = predict_step(spec.replace(ring_reduce_scatter=True, async_unshard=True), cluster,
+                        rate=1e9, backend="gloo")
+    assert sum(ours.comm_s.values()) == pytest.approx(4 * ring / 1e7, rel=1e-9)
+    assert 4 * ring / 1e7 - ours.compute_s <= ours.exposed_comm_s < 4 * ring / 1e7
 
 
 def test_shaped_link_bursts_after_idle_gaps() -> None:
