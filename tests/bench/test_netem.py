@@ -163,25 +163,55 @@ def test_sigint_removes_everything(tmp_path: Any) -> None:
 
 # -- one short emulated run --------------------------------------------------------------------
 
+# the model's accuracy where the link dominates (docs/results/network_model.md: within 15%
+# on 15 of the 16 shared 300 and 100 Mbit/s rows), widened for a run of 4 timed steps
+SLOWDOWN_BAND = 0.25
+
+
 @needs_root
-def test_throttled_step_is_bounded_by_its_bytes() -> None:
-    """2 workers of a small llama on one 50 Mbit/s link: the measured link is near 50 Mbit/s,
-    the step is no faster than the bytes both ranks send over the shared link at that rate,
-    and no slower than its compute-only step plus twice that."""
+def test_throttled_slowdown_is_within_the_models_band() -> None:
+    """2 workers of a small llama (ddp), unthrottled and on one shared 50 Mbit/s link: the
+    measured slowdown (throttled - unthrottled median step) is the step-time model's within
+    SLOWDOWN_BAND. The model is calibrated as the campaign's is: the device rate from the
+    unthrottled run's compute-only step, each link from its own probe (the throttled one with
+    the tbf bucket it was given). The link takes several times the compute, so a communication
+    term off by 2x falls far outside the band; the bytes bound the step from below as well."""
     from subnetdp.bench.step import run_step_bench
+    from subnetdp.estimate.cluster import DEVICES, Cluster
+    from subnetdp.estimate.cluster import Link as ModelLink
     from subnetdp.estimate.spec import BenchSpec
+    from subnetdp.estimate.steptime import predict_step
+    from subnetdp.models import get_recipe
+    from subnetdp.subnet.costs import recipe_costs
 
     before = host_state()
-    spec = BenchSpec("llama-tiny", "ddp", 2, 2, 32,
-                     model_args=(("n_layers", 2), ("dim", 64), ("ffn_hidden", 128)))
-    out = run_step_bench([spec], steps=2, warmup=3, compute=True,
-                         network=Layout(Link(50e6)))
+    args = (("n_layers", 2), ("dim", 64), ("ffn_hidden", 128))
+    spec = BenchSpec("llama-tiny", "ddp", 2, 8, 64, model_args=args)
+    runs = {rate: run_step_bench([spec], steps=4, warmup=3, compute=rate is None,
+                                 network=Layout(Link(rate)))
+            for rate in (None, 50e6)}
     assert host_state() == before
-    link = out["network"]["links"]["link"]
+    step = {rate: out["rows"]["ddp"]["median_step_s"] for rate, out in runs.items()}
+    link = runs[50e6]["network"]["links"]["link"]
     assert 40 < link["mbit"] < 53, link  # tbf's initial bucket: at most 4% over
-    row = out["rows"]["ddp"]
     # both ranks' ring traffic crosses the one shared link
+    row = runs[50e6]["rows"]["ddp"]
     wire_s = 2 * row["comm"]["comm/ring_bytes_per_step"] * 8 / (link["mbit"] * 1e6)
-    assert wire_s > 0.1  # the link, not the compute, decides
-    assert 0.9 * wire_s <= row["median_step_s"] <= row["compute_step_s"] + 2 * wire_s + 0.5, (
-        row["median_step_s"], row["compute_step_s"], wire_s)
+    assert step[50e6] >= 0.9 * wire_s, (step, wire_s)
+
+    costs = recipe_costs(get_recipe("llama-tiny"), batch=8, seq=64, model_args=dict(args))
+    flops = costs.shared.flops + sum(u.flops for u in costs.units)
+    rate = flops / runs[None]["rows"]["ddp"]["compute_step_s"]
+
+    def model(r: float | None) -> float:
+        probe = runs[r]["network"]["links"]["link"]
+        shaped = ModelLink(probe["mbit"] * 1e6 / 8, probe["rtt_ms"] / 2e3,
+                           0.0 if r is None else netem.TBF_BURST)
+        cluster = Cluster(1, 2, DEVICES["cpu"], shaped, shared_intra=True)
+        return predict_step(spec, cluster, rate=rate, backend="gloo", costs=costs).step_s
+
+    # the slowdown as the seconds the link adds: the unthrottled step of so small a model is
+    # tens of ms, mostly per-call overheads the model does not count, so a ratio to it is noise
+    measured, predicted = step[50e6] - step[None], model(50e6) - model(None)
+    assert predicted > 2 * step[None], (predicted, step)  # the link, not the compute, decides
+    assert abs(measured / predicted - 1) <= SLOWDOWN_BAND, (measured, predicted, step, link)
