@@ -84,10 +84,13 @@ bench-balanced: $(STAMP)
 
 # Step time on emulated networks (issue 29; root and iproute2): every strategy, 4 workers,
 # shared links unthrottled / 1 Gbit/s / 300 / 100 Mbit/s and 2 nodes at 1 Gbit/s and 300 Mbit/s;
-# resumable (benchmarks/results/network_measured.json), then docs/results/network.{md,png}.
+# resumable (benchmarks/results/network_measured.json), then docs/results/network.{md,png} and
+# the model's validation (docs/results/network_model.md). Timing needs a quiet machine: with the
+# kernel's sched_autogroup on, nice does not keep other sessions' jobs off it.
 # About an hour on a shared 2-core machine. `python benchmarks/network.py --report`: the doc only.
 bench-network: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/network.py
+	$(PY) benchmarks/network_model.py --measured benchmarks/results/network_measured.json
 
 # The quality study (docs/results/quality.md): every strategy and the DDP stochastic-depth /
 # dropout baselines at C = 0.75, 0.5, 0.375, step- and FLOP-matched, 3 seeds, on llama-tiny and
