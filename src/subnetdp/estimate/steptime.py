@@ -348,10 +348,10 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
     wire = WIRE.get(backend, {})
     if spec.uses_fsdp and spec.ring_reduce_scatter and backend == "gloo":
         wire = {**wire, "reduce_scatter": RING_REDUCE_SCATTER_WIRE}
-    blocking = backend in FSDP_BLOCKING
-    # runtime.ring's GlooComms makes FSDP2's all-gathers asynchronous (BenchSpec.async_unshard):
-    # they overlap compute as on NCCL, while the reduce-scatters still block
-    async_gathers = blocking and spec.async_unshard
+    # on gloo FSDP2's calls block the training thread, except the all-gathers that
+    # runtime.ring's GlooComms issues asynchronously (BenchSpec.async_unshard)
+    scatters_block = backend in FSDP_BLOCKING
+    gathers_block = scatters_block and not spec.async_unshard
     comm: dict[str, float] = {}
     exposed: dict[str, float] = {}
 
@@ -365,20 +365,7 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
     fsdp_fwd = part(lambda c: c.fsdp and c.phase == "forward")
     gathers = part(lambda c: c.fsdp and c.phase == "backward" and c.kind == "all_gather")
     scatters = part(lambda c: c.fsdp and c.phase == "backward" and c.kind != "all_gather")
-    if async_gathers:  # gathers pipeline against compute; each reduce-scatter blocks
-        if any(fsdp_fwd):
-            c = comm["forward gather"] = _phase_time(cluster, fsdp_fwd, wire)
-            exposed["forward gather"] = (pipelined(c, fwd_s, calls_of(fsdp_fwd))
-                                         if overlap and spec.fsdp_prefetch else c)
-        g = comm["backward gather"] = _phase_time(cluster, gathers, wire) if any(gathers) else 0.0
-        # no idle gaps for a shaped link's burst: the prefetched gathers keep it busy
-        r = comm["backward scatter"] = (_phase_time(cluster, scatters, wire) if any(scatters)
-                                        else 0.0)
-        if g or r:
-            n = max(calls_of(gathers), calls_of(scatters))
-            exposed["backward"] = r + (pipelined(g, bwd_s, n)
-                                       if overlap and spec.fsdp_prefetch else g)
-    elif blocking:  # each module's calls follow the previous module's compute, all exposed
+    if gathers_block:  # each module's calls follow the previous module's compute, all exposed
         fsdp_bwd = [g + s for g, s in zip(gathers, scatters, strict=True)]
         for key, per_rank, n, window in (
                 ("forward gather", fsdp_fwd, calls_of(fsdp_fwd), fwd_s),
@@ -386,7 +373,7 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
             if any(per_rank):
                 comm[key] = exposed[key] = _phase_time(cluster, per_rank, wire, gaps=n,
                                                        gap_s=window / n)
-    else:
+    else:  # gathers pipeline with compute: NCCL's streams, or gloo's async gathers
         if any(fsdp_fwd):
             c = comm["forward gather"] = _phase_time(cluster, fsdp_fwd, wire)
             exposed["forward gather"] = (pipelined(c, fwd_s, calls_of(fsdp_fwd))
@@ -399,8 +386,12 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
             comm["backward scatter"] = r
         if g or r:
             n = max(calls_of(gathers), calls_of(scatters))
-            exposed["backward"] = (g + r if not overlap else pipelined(g + r, bwd_s, n)
-                                   if spec.fsdp_prefetch else g + pipelined(r, bwd_s, n))
+            if scatters_block:  # the gathers pipeline, each reduce-scatter waits
+                exposed["backward"] = r + (pipelined(g, bwd_s, n)
+                                           if overlap and spec.fsdp_prefetch else g)
+            else:
+                exposed["backward"] = (g + r if not overlap else pipelined(g + r, bwd_s, n)
+                                       if spec.fsdp_prefetch else g + pipelined(r, bwd_s, n))
     # bucketed reductions during backward (DDP, SDP's reducer, ZeRO's reduce-scatters): one
     # idle gap (forward) before the first
     reducer = part(lambda c: not c.fsdp and c.phase == "backward")
