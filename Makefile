@@ -9,6 +9,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 TORCH_VERSION := 2.13.0
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers: the suite's tests mostly wait for worker processes to start,
+# so 2 keep a 2-core machine busy (a test file stays on one worker: its module fixtures run once)
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-faults lint bench bench-balanced study study-long clean \
 	bench-network
@@ -52,7 +55,8 @@ demo: $(STAMP)
 
 # No -q here: pyproject.toml already adds one, and -qq hides the "N passed" summary line.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=15 $(PYTEST_ARGS) tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=15 \
+		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
 
 # The long fault cases (marker "long"), skipped by `make test`.
 test-faults: $(STAMP)

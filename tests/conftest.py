@@ -1,7 +1,11 @@
+import contextlib
 import faulthandler
+import fcntl
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +41,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)
+
+
+@contextlib.contextmanager
+def _alone_if_serial(item: pytest.Item) -> Iterator[None]:
+    """Under pytest-xdist (``make test`` runs ``-n 2``), a test marked ``serial`` runs with no
+    other test at the same time: it holds a lock exclusively, every other test holds it shared.
+    Such a test measures time (the emulated link's added seconds), which a second worker on
+    the same 2 cores would inflate. A turnstile, held briefly by every test and throughout by
+    a serial one, lets a waiting serial test in before the other worker's next test."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: tests run one at a time anyway
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / f"subnetdp-pytest-{run}"
+    folder.mkdir(exist_ok=True)
+    serial = item.get_closest_marker("serial") is not None
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        if not serial:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # the locks go with the files
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # around set-up, call and teardown, so a module fixture's set-up holds the lock too
+    with _alone_if_serial(item):
+        yield
 
 
 def _end_hung(nodeid: str, after: float) -> None:

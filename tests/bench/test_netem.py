@@ -169,6 +169,7 @@ SLOWDOWN_BAND = 0.25
 
 
 @needs_root
+@pytest.mark.serial
 def test_throttled_slowdown_is_within_the_models_band() -> None:
     """2 workers of a small llama (ddp), unthrottled and on one shared 50 Mbit/s link: the
     measured slowdown (throttled - unthrottled median step) is the step-time model's within

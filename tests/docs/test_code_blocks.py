@@ -11,9 +11,10 @@ resume, then export), with the package's venv on PATH and this checkout's ``src`
 - every other language (text, toml, json, ...) is only shown.
 
 Only sizes and placeholders change (``sized``, applied to every command, so a new page needs
-no entry: steps, worker counts, paper-scale recipes, ``HOST``, ``/shared/``); a ``pytest``
-command is collected (``--collect-only``) in the checkout, not run; the commands in ``SKIPPED``
-are not run, each for the reason it gives. Anything else that fails fails the test.
+no entry: steps, worker counts, validation batches, paper-scale recipes, ``HOST``,
+``/shared/``); a ``pytest`` command is collected (``--collect-only``) in the checkout, not run;
+the commands in ``SKIPPED`` are not run, each for the reason it gives. Anything else that fails
+fails the test.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def sized(command: str, steps: int, workspace: Path, port: int) -> str:
     c = re.sub(r"\bHOST:\d+", f"127.0.0.1:{port}", c)
     c = re.sub(r"(?<![\w.])/shared/", f"{workspace}/shared/", c)  # a filesystem all nodes share
     c = re.sub(r"--((?:eval-)?limit)([ =])\d+", r"--\g<1>\g<2>2", c)  # documents per task
+    if "--eval-batches" not in c:  # validation batches: 2, not the default 40
+        c = re.sub(r"\b(subnetdp(?:\.cli)? (?:train|eval))\b", r"\g<1> --eval-batches 2", c)
     if re.search(_TRAINS, c):
         c = re.sub(_PAPER_SCALE, "llama-tiny", c)
         c = re.sub(r"--seq-len([ =])(\d+)",
