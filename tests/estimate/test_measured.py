@@ -3,20 +3,25 @@ agrees with the measured one (within 10%; on CPU it is exact without FSDP), and 
 reducers count equal the analytic accounting, by process group. Compositions (SDP + FSDP2 per
 holder group + activation checkpointing, mixed precision) run on 4 workers.
 
-[Note: gloo's reduce-scatter clone]
-gloo has no native reduce-scatter: ``ProcessGroupGloo::reduce_scatter_tensor_coalesced`` clones
-the whole input, all-reduces the clone and copies this rank's chunk out, so every FSDP2
-reduce-scatter on CPU holds one extra unsharded-gradient-sized buffer until it completes. NCCL
-reduce-scatters in place and the fake process group allocates nothing, so the estimate (made
-for GPUs) leaves it out; when the largest reduce-scatter (the root's: embeddings and output
-layer) is at the peak, the CPU measurement exceeds the estimate by up to that buffer (about 11%
-on these tiny models, where the embeddings are a large share). So FSDP's 10% check is a non-strict
-xfail on gloo, and ``test_fsdp_gap_is_gloo_reduce_scatter_clone`` bounds the gap by the clone.
+[Note: the ring reduce-scatter's buffers]
+gloo has no native reduce-scatter (``ProcessGroupGloo::reduce_scatter_tensor_coalesced`` clones
+the whole input and all-reduces the clone), so FSDP2 over gloo reduce-scatters through
+``runtime.ring`` (``GlooComms``): no clone, but two chunk buffers (``recv`` and ``acc``, each
+1/h of the padded input of a group of h ranks; at h = 2 both are allocated, together the
+whole input, as large as gloo's clone). NCCL reduce-scatters in place and the fake process
+group installs no ring, so the estimate (made for GPUs) leaves them out; where they are alive
+at the peak, the CPU measurement exceeds the estimate by at most them. The largest are the
+root's (embeddings and output layer: a 4.19 MB fp32 input). Measured (the same in every run):
+``fsdp+ac`` on 2 workers +3.36 MB (12.7%; its buffers are 4.19 MB, and gloo's clone measures
+the same), ``b-sdp+fsdp+ac`` in bf16-mixed on 4 workers +2.10 MB (13.7%: the two 1.05 MB
+buffers less 128 bytes; gloo's clone measures +4.19 MB). A ring accumulating into its output
+(``recv`` its one buffer) measured +1.26 MB and +1.05 MB, within 10%. So these two are strict
+xfails of the 10% check, the other FSDP specs pass it, and
+``test_fsdp_gap_is_the_ring_reduce_scatter_buffers`` bounds every FSDP gap by the buffers.
 """
 
 from __future__ import annotations
 
-import math
 from functools import cache
 from typing import Any
 
@@ -24,8 +29,13 @@ import pytest
 
 from subnetdp.bench.step import bench_worker, summarise
 from subnetdp.estimate.comm import analytic_comm
-from subnetdp.estimate.memory import MemoryEstimate, estimate_memory
-from subnetdp.estimate.spec import BenchSpec, meta_model
+from subnetdp.estimate.memory import (
+    FsdpLayout,
+    MemoryEstimate,
+    estimate_memory,
+    fsdp_shard_numel,
+)
+from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.subnet.units import unit_modules
 from tests.dist.harness import run_workers
 
@@ -34,9 +44,6 @@ BASE = BenchSpec(recipe="llama-tiny", strategy="ddp", world=2, batch=2, seq=32,
 SPECS = [BASE, BASE.replace(strategy="b-sdp", coverage=0.5), BASE.replace(strategy="n-sdp",
          coverage=0.5), BASE.replace(strategy="bb-sdp", coverage=0.5),
          BASE.replace(strategy="fsdp+ac")]
-GLOO_RS_CLONE = pytest.mark.xfail(reason="gloo's reduce-scatter clones its input; NCCL and the "
-                                  "estimate do not (Note: gloo's reduce-scatter clone)",
-                                  strict=False)
 COMPOSED_BASE = BASE.replace(strategy="b-sdp", world=4, coverage=0.5)
 COMPOSED = [COMPOSED_BASE.replace(ac=True), COMPOSED_BASE.replace(fsdp=True, ac=True),
             # two layers: its estimate (narrowed pieces in FSDP modules) costs 10 times a
@@ -48,6 +55,15 @@ COMPOSED = [COMPOSED_BASE.replace(ac=True), COMPOSED_BASE.replace(fsdp=True, ac=
 MIXED = [COMPOSED_BASE.replace(strategy="ddp", coverage=1.0, dtype="bf16-mixed"),
          COMPOSED_BASE.replace(ac=True, dtype="bf16-mixed"),
          COMPOSED_BASE.replace(fsdp=True, ac=True, dtype="bf16-mixed")]
+# measured above the estimate by more than 10%: runtime.ring's buffers of the root's
+# reduce-scatter are at their peak (Note: the ring reduce-scatter's buffers); strict, so that
+# a ring with fewer buffers, under which they pass, says to drop the mark
+RING_BUFFERS = pytest.mark.xfail(
+    reason="runtime.ring's two chunk buffers of the root's reduce-scatter (1/h of its 4.19 MB "
+           "input each) are at the gloo peak; NCCL and the fake group allocate none: +12.7% "
+           "(fsdp+ac, 2 workers), +13.7% (b-sdp+fsdp+ac bf16-mixed) (Note: the ring "
+           "reduce-scatter's buffers)", strict=True)
+OVER_BY_RING_BUFFERS = {SPECS[-1], MIXED[-1]}
 
 
 def _worker(rank: int, world: int, specs: list[BenchSpec]) -> dict[str, Any]:
@@ -59,17 +75,22 @@ def measured() -> list[dict[str, Any]]:
     return run_workers(_worker, 2, SPECS)
 
 
+def _composed_worker(rank: int, world: int) -> dict[str, dict[str, Any]]:
+    """One step benchmark per dtype (its rows are keyed by label), in the same workers."""
+    return {"fp32": _worker(rank, world, COMPOSED), "bf16-mixed": _worker(rank, world, MIXED)}
+
+
 @pytest.fixture(scope="module")
 def measured_composed() -> dict[str, list[dict[str, Any]]]:
-    """4 workers; one run per dtype (a step benchmark's rows are keyed by label)."""
-    return {"fp32": run_workers(_worker, 4, COMPOSED),
-            "bf16-mixed": run_workers(_worker, 4, MIXED)}
+    """4 workers; per dtype, their results by rank."""
+    runs = run_workers(_composed_worker, 4)
+    return {dtype: [r[dtype] for r in runs] for dtype in ("fp32", "bf16-mixed")}
 
 
 @cache
 def _estimate(spec: BenchSpec) -> MemoryEstimate:
     """One estimate per spec for this module: an FSDP spec's is checked twice (within 10%, and
-    its gap against gloo's clone)."""
+    its gap against the ring's buffers)."""
     return estimate_memory(spec)
 
 
@@ -82,8 +103,8 @@ def _check_close(spec: BenchSpec, measured: list[dict[str, Any]]) -> None:
 
 
 def _xfail_fsdp(specs: list[BenchSpec]) -> list[Any]:
-    return [pytest.param(s, marks=GLOO_RS_CLONE, id=f"{s.label} {s.dtype}") if s.uses_fsdp
-            else pytest.param(s, id=f"{s.label} {s.dtype}") for s in specs]
+    return [pytest.param(s, marks=RING_BUFFERS if s in OVER_BY_RING_BUFFERS else (),
+                         id=f"{s.label} {s.dtype}") for s in specs]
 
 
 @pytest.mark.parametrize("spec", _xfail_fsdp(SPECS))
@@ -98,35 +119,40 @@ def test_composed_estimate_agrees_with_measurement(
     _check_close(spec, measured_composed[spec.dtype])
 
 
-def _largest_reduce_scatter_bytes(spec: BenchSpec) -> int:
-    """Bytes of the largest FSDP reduce-scatter input: any unit over the world (an upper bound
-    for a holder group) or the root's shared parameters, padded, in the reduce dtype."""
+def _ring_buffer_bytes(spec: BenchSpec) -> int:
+    """Bytes of ``runtime.ring``'s two chunk buffers in the largest FSDP reduce-scatter: each
+    one rank's share (1/h) of the padded input of a group of h ranks, in the reduce dtype. The
+    groups: each unit over its holders (the baselines: each block over the world), and the
+    shared parameters (the root) over the world."""
     recipe, meta = meta_model(spec)
-    blocks = unit_modules(meta, recipe.adapter)
-    in_block = {id(p) for _, b in blocks for p in b.parameters()}
-
-    def padded(params: Any) -> int:
-        return sum(-(-p.shape[0] // spec.world) * spec.world * math.prod(p.shape[1:])
-                   for p in params)
-
-    root = padded(p for p in meta.parameters() if id(p) not in in_block)
-    unit = max(padded(b.parameters()) for _, b in blocks)
-    return max(root, unit) * spec.reduce_bytes
+    if spec.is_sdp:
+        layout = FsdpLayout(spec, make_bench_plan(spec, meta, recipe))
+        groups = [(shapes, len(layout.plan.holders(u))) for u, shapes in enumerate(layout.shapes)]
+        groups.append((layout.shared, spec.world))
+    else:
+        blocks = unit_modules(meta, recipe.adapter)
+        in_block = {id(p) for _, b in blocks for p in b.parameters()}
+        groups = [([tuple(p.shape) for p in b.parameters()], spec.world) for _, b in blocks]
+        groups.append(([tuple(p.shape) for p in meta.parameters() if id(p) not in in_block],
+                       spec.world))
+    chunk = max(sum(fsdp_shard_numel(s, h, 0) for s in shapes) for shapes, h in groups if h > 1)
+    return 2 * chunk * spec.reduce_bytes
 
 
 @pytest.mark.parametrize("spec", [s for s in SPECS + COMPOSED + MIXED if s.uses_fsdp],
                          ids=lambda s: f"{s.label} {s.dtype}")
-def test_fsdp_gap_is_gloo_reduce_scatter_clone(
+def test_fsdp_gap_is_the_ring_reduce_scatter_buffers(
         measured: list[dict[str, Any]], measured_composed: dict[str, list[dict[str, Any]]],
         spec: BenchSpec) -> None:
-    """The FSDP estimate is never above the gloo measurement, and below it by at most gloo's
-    clone of one reduce-scatter input (Note: gloo's reduce-scatter clone)."""
+    """The FSDP estimate is never above the gloo measurement, and below it by at most
+    ``runtime.ring``'s two chunk buffers of one reduce-scatter (Note: the ring
+    reduce-scatter's buffers)."""
     runs = measured if spec.world == 2 else measured_composed[spec.dtype]
     est = _estimate(spec)
-    clone = _largest_reduce_scatter_bytes(spec)
+    buffers = _ring_buffer_bytes(spec)
     for r in runs:
         gap = r["memory"][spec.label]["peak_bytes"] - est.per_rank[r["rank"]].peak_bytes
-        assert 0 <= gap <= clone, (spec.label, gap, clone)
+        assert 0 <= gap <= buffers, (spec.label, gap, buffers)
 
 
 @pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: s.label)

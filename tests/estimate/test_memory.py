@@ -253,7 +253,7 @@ IMAGE = {"recipe": "resnet18-fmnist", "world": 4, "batch": 4, "seq": 2,
 @cache
 def _image_estimate(spec: BenchSpec) -> MemoryEstimate:
     """One estimate per image spec for this module: the spread and balanced plans are checked
-    against the formula and then compared with each other."""
+    against the formula and then compared with each other, the ddp one also for its optimizer."""
     return estimate_memory(spec)
 
 
@@ -307,6 +307,7 @@ def test_image_estimate_uses_the_recipe_optimizer() -> None:
     from subnetdp.estimate.spec import optimizer_states
 
     assert optimizer_states("resnet18-fmnist") == 1 and optimizer_states("swin-t-fmnist") == 2
-    est = estimate_memory(BenchSpec(strategy="ddp", coverage=1.0, **{**IMAGE, "world": 1}))
+    # the ddp row of test_image_estimate_state_equals_the_analytic_formula: the whole model
+    est = _image_estimate(BenchSpec(strategy="ddp", coverage=1.0, **IMAGE))
     state = est.per_rank[0].state
     assert state["optimizer"] == state["params"] == est.per_rank[0].analytic["optimizer"]
