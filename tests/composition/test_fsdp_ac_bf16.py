@@ -23,7 +23,9 @@ from tests.dist.harness import run_workers
 
 WORLD = 4
 STEPS = 4
-MODEL = {"dim": 32, "n_layers": 8, "n_heads": 4, "vocab_size": 64, "max_seq_len": 16,
+# 4 layers: every strategy's plan still has 4 distinct holder pairs (as with 8), at half of
+# n-sdp's FSDP groups (each a gather and a reduce-scatter per step: most of this file's time)
+MODEL = {"dim": 32, "n_layers": 4, "n_heads": 4, "vocab_size": 64, "max_seq_len": 16,
          "ffn_hidden": 48}
 RESNET = {"width": 4}  # resnet18-fmnist: BatchNorm inside n-sdp's channel groups
 
@@ -112,24 +114,30 @@ def _key(opts: dict[str, Any], steps: int, repeat: bool) -> tuple[Any, ...]:
     return tuple(sorted(opts.items())), steps, repeat
 
 
-def _train_all(rank: int, world: int, strategy: str, plan: Any, configs: list[Config],
-               name: str) -> list[dict[str, Any]]:
-    return [_train(rank, world, strategy, plan, opts, steps, repeat, name)
-            for opts, steps, repeat in configs]
+Case = tuple[str, str, Any, list[Config]]  # strategy, model, plan, configurations
+
+
+def _train_all(rank: int, world: int, cases: list[Case]) -> list[list[dict[str, Any]]]:
+    return [[_train(rank, world, strategy, plan, opts, steps, repeat, name)
+             for opts, steps, repeat in configs] for strategy, name, plan, configs in cases]
 
 
 _RUNS: dict[tuple[str, str], dict[tuple[Any, ...], list[Any]]] = {}
 
 
-def _run(strategy: str, opts: dict[str, Any], plan: Any, steps: int = STEPS,
-         repeat: bool = False, name: str = "llama") -> list[Any]:
-    """Per-rank results of one configuration. A strategy's configurations all train, one after
-    the other, in one launch of workers (``plan`` is ``_plan(strategy, name=name)``'s)."""
-    if (strategy, name) not in _RUNS:
-        configs = list({_key(*c): c for c in _configs(strategy, name)}.values())
-        by_rank = run_workers(_train_all, WORLD, strategy, plan, configs, name)
-        _RUNS[strategy, name] = {_key(*c): [res[i] for res in by_rank]
-                                 for i, c in enumerate(configs)}
+def _run(strategy: str, opts: dict[str, Any], steps: int = STEPS, repeat: bool = False,
+         name: str = "llama") -> list[Any]:
+    """Per-rank results of one configuration. Every strategy's and model's configurations
+    train, one after the other, in one launch of workers, each on ``_plan(strategy, name)``."""
+    if not _RUNS:
+        cases = [(s, n, _plan(s, name=n),
+                  list({_key(*c): c for c in _configs(s, n)}.values()))
+                 for s, n in dict.fromkeys([*FSDP_CASES, *((s, "llama") for s, _ in AC_CASES),
+                                            *((s, "llama") for s, _ in BF16_CASES)])]
+        by_rank = run_workers(_train_all, WORLD, cases, timeout=480)  # all of them: ~1 min CPU
+        for i, (s, n, _, configs) in enumerate(cases):
+            _RUNS[s, n] = {_key(*c): [res[i][j] for res in by_rank]
+                           for j, c in enumerate(configs)}
     return _RUNS[strategy, name][_key(opts, steps, repeat)]
 
 
@@ -142,8 +150,8 @@ def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: fl
 @pytest.mark.parametrize(("strategy", "name"), FSDP_CASES)
 def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
     plan = _plan(strategy, name=name)
-    plain = _run(strategy, {}, plan, name=name)
-    sharded = _run(strategy, {"fsdp": True}, plan, name=name)
+    plain = _run(strategy, {}, name=name)
+    sharded = _run(strategy, {"fsdp": True}, name=name)
     _assert_same(plain[0]["state"], sharded[0]["state"], 1e-5)
     for p, s in zip(plain, sharded, strict=True):
         assert p["losses"] == pytest.approx(s["losses"], abs=1e-5)
@@ -168,16 +176,14 @@ def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
 
 @pytest.mark.parametrize(("strategy", "opts"), AC_CASES)
 def test_activation_checkpointing_changes_nothing(strategy: str, opts: dict[str, Any]) -> None:
-    plan = _plan(strategy)
-    off = _run(strategy, opts, plan)
-    on = _run(strategy, {**opts, "activation_checkpointing": True}, plan)
+    off = _run(strategy, opts)
+    on = _run(strategy, {**opts, "activation_checkpointing": True})
     _assert_same(off[0]["state"], on[0]["state"], 1e-6)
 
 
 @pytest.mark.parametrize(("strategy", "opts"), BF16_CASES)
 def test_bf16_trains(strategy: str, opts: dict[str, Any]) -> None:
-    plan = _plan(strategy)
-    runs = _run(strategy, opts, plan, steps=10, repeat=True)
+    runs = _run(strategy, opts, steps=10, repeat=True)
     for r in runs:
         assert all(torch.isfinite(torch.tensor(r["losses"])))
         assert r["losses"][-1] < 0.9 * r["losses"][0]

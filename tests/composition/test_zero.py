@@ -85,14 +85,21 @@ def _train(r: int, world: int, strategy: str, zero: int, steps: int = 3) -> dict
     }
 
 
-def _train_each_zero(r: int, world: int, strategy: str) -> dict[int, dict[str, Any]]:
-    return {z: _train(r, world, strategy, z) for z in (0, 1, 2)}
+def _train_each_zero(r: int, world: int) -> dict[str, dict[int, dict[str, Any]]]:
+    return {s: {z: _train(r, world, s, z) for z in (0, 1, 2)} for s in SDP_NAMES}
 
 
-def _run(strategy: str, world: int = 4) -> dict[int, list[dict[str, Any]]]:
-    """zero 0, 1 and 2 one after the other in the same workers (one launch)."""
-    by_rank = run_workers(_train_each_zero, world, strategy)
-    return {z: [res[z] for res in by_rank] for z in (0, 1, 2)}
+_RUNS: dict[str, dict[int, list[dict[str, Any]]]] = {}
+
+
+def _run(strategy: str) -> dict[int, list[dict[str, Any]]]:
+    """zero 0, 1 and 2 of every SDP strategy one after the other in the same 4 workers (one
+    launch for all)."""
+    if not _RUNS:
+        by_rank = run_workers(_train_each_zero, 4)
+        _RUNS.update({s: {z: [res[s][z] for res in by_rank] for z in (0, 1, 2)}
+                      for s in SDP_NAMES})
+    return _RUNS[strategy]
 
 
 def _real(c: int, k: int, n: int) -> int:
