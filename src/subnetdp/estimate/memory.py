@@ -188,9 +188,6 @@ def _second_step_peak(built: Built, step: Callable[..., Any], state: dict[str, i
     from subnetdp.metrics.memory import make_tracker
 
     tracker = make_tracker()  # copes with backward masking's frozen parameters
-    # Only the global peak is read: MemTracker's per-module peaks walk every tracked module on
-    # every op (a quarter of an estimate's time), so each op updates the global peak alone.
-    tracker._update_peak_stats = partial(_update_global_peak, tracker)
     tracker.track_external(*built.rank.tracked_modules(), built.optimizer)
     with tracker:
         step()
@@ -202,14 +199,6 @@ def _second_step_peak(built: Built, step: Callable[..., Any], state: dict[str, i
         peak = tracker.get_tracker_snapshot("peak")
     tracker._WINFO.clear()  # drop the weak references' callbacks now (see metrics.memory)
     return peak
-
-
-def _update_global_peak(tracker: Any, peak_state: Any) -> None:
-    """``MemTracker._update_peak_stats`` (torch 2.13) without its per-module part."""
-    for dev, snap in tracker._curr_mem_snap.items():
-        if tracker._peak_mem.get(dev, 0) < snap["Total"]:
-            tracker._peak_mem[dev] = snap["Total"]
-            tracker._peak_mem_snap[dev] = dict(snap)  # a flat dict of ints: deepcopy's copy
 
 
 def _categories(snap: dict[Any, int]) -> dict[str, int]:

@@ -84,12 +84,15 @@ class _NoHook:
 
 
 def make_tracker() -> Any:
-    """A ``MemTracker`` that also works on models with frozen parameters.
+    """A ``MemTracker`` that also works on models with frozen parameters, and keeps only the
+    global peak.
 
     MemTracker installs a gradient hook on every parameter it meets, which raises for a
     parameter with ``requires_grad=False`` (backward masking freezes the units a worker does
     not hold). Frozen parameters never get a gradient, so they are given a no-op handle
-    instead; everything else is MemTracker's own accounting.
+    instead. Its per-module peaks, which nobody here reads, walk every tracked module on every
+    op (a quarter of a fake-mode estimate's time), so each op updates the global peak alone.
+    Everything else is MemTracker's own accounting.
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -101,6 +104,13 @@ def make_tracker() -> Any:
                 if not p.requires_grad and p not in self._param_to_grad_hook_handles:
                     self._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            # MemTracker._update_peak_stats (torch 2.13) without its per-module part
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)  # a flat dict of ints: deepcopy's copy
 
     return _Tracker()
 

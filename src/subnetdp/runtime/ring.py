@@ -5,8 +5,9 @@ gloo's ``reduce_scatter_tensor`` is a clone and an all-reduce of the whole tenso
 every gradient on the wire where a ring needs (h-1)/h (docs/results/network.md, part 5).
 ``RingReduceScatter`` is the ring, out of gloo's point-to-point sends: h-1 steps, in each of
 which every rank sends one 1/h chunk to the next rank and adds the chunk it receives from the
-previous one; after the last step rank i holds the reduced chunk i. FSDP2 takes it through its
-supported hook, ``FSDPModule.set_custom_reduce_scatter`` (``GlooComms``).
+previous one; after the last step rank i holds the reduced chunk i. Besides its input and
+output it holds one chunk-sized buffer (gloo's clone: the whole input). FSDP2 takes it through
+its supported hook, ``FSDPModule.set_custom_reduce_scatter`` (``GlooComms``).
 
 Semantics are FSDP2's reduce-scatter: ``input`` is the padded flat gradient, h equal chunks
 in group-rank order; ``output`` gets this rank's chunk reduced with ``op`` (FSDP2 passes
@@ -61,7 +62,9 @@ def ring_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.Proces
     chunks = inp.reshape(-1).split(n)
     nxt = dist.get_global_rank(group, (me + 1) % h)
     prv = dist.get_global_rank(group, (me - 1) % h)
-    send, recv, acc = chunks[(me - 1) % h], torch.empty_like(out), torch.empty_like(out)
+    # The partial sums accumulate in ``out`` itself (sent before it is overwritten), so the
+    # ring holds one chunk-sized buffer besides its input and output.
+    send, recv, acc = chunks[(me - 1) % h], torch.empty_like(out), out.view(-1)
     for s in range(h - 1):
         # step s: pass on the partial sum of chunk me-s-1, receive the one of chunk me-s-2
         # (at s = 0 just the chunk itself); the last step's is this rank's own chunk
@@ -69,8 +72,7 @@ def ring_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.Proces
                                         dist.P2POp(dist.irecv, recv, prv, group)])
         for w in works:
             w.wait()
-        last = s == h - 2
-        torch.add(recv, chunks[(me - s - 2) % h], out=out.view(-1) if last else acc)
+        torch.add(recv.view(-1), chunks[(me - s - 2) % h], out=acc)
         send = acc
     if h == 1:
         out.view(-1).copy_(chunks[0])
