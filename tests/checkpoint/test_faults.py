@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -115,26 +116,48 @@ def test_a_second_writer_is_refused_naming_the_holder(
     assert sorted(p.name for p in out.iterdir()) == []  # nothing written, lock released
 
 
+def _wait_for(marker: Path) -> None:
+    """In a worker: wait (at most 200 s) until ``marker`` exists."""
+    deadline = time.monotonic() + 200
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_two_concurrent_runs_into_one_out(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """A real second process: the first run trains; the second, started while it runs, is
-    refused in its launching process; the first run's files are all its own."""
-    out = tmp_path / "shared"
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real second process, started while the first run trains, is refused in its launching
+    process; the first run's files are all its own. The first run is this process's (its fork
+    server is warm: a separate first process would import torch twice more), and its workers
+    wait until the second process has ended, so the second meets it mid-run on any load."""
+    out, marker = tmp_path / "shared", tmp_path / "second-ended"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    first = subprocess.Popen([sys.executable, "-m", "subnetdp.cli", "train", *TINY, "--steps",
-                              "12", "--ckpt-every", "6", "--out", str(out)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    second: list[subprocess.CompletedProcess[str]] = []
+
+    def start_second() -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while not (out / LOCK).exists() or not (out / LOCK).read_text():
+                if time.monotonic() > deadline:
+                    return  # the first run never held the folder: asserted below
+                time.sleep(0.05)
+            second.append(subprocess.run(
+                [sys.executable, "-m", "subnetdp.cli", "train", *TINY, "--steps", "4",
+                 "--seed", "1", "--out", str(out)],
+                env=env, capture_output=True, text=True, timeout=200))
+        finally:
+            marker.touch()
+
+    patch_workers(monkeypatch, partial(_wait_for, marker))
+    thread = threading.Thread(target=start_second)
+    thread.start()
     try:
-        deadline = time.monotonic() + 120
-        while not (out / LOCK).exists() or not (out / LOCK).read_text():
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        err = _one_line(_err(["train", *TINY, "--steps", "4", "--seed", "1", "--out",
-                              str(out)], capsys))
-        assert f"pid {first.pid} on host" in err and "use another --out" in err
+        code = main(["train", *TINY, "--steps", "12", "--ckpt-every", "6", "--out", str(out)])
     finally:
-        _, first_err = first.communicate(timeout=200)
-    assert first.returncode == 0, first_err
+        thread.join()
+    assert code == 0 and second
+    assert second[0].returncode == 2, second[0].stderr[-3000:]
+    err = _one_line(second[0].stderr)
+    assert f"pid {os.getpid()} on host" in err and "use another --out" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["config"]["seed"] == 0
     for r in range(WORLD):  # no interleaved lines of the refused run
