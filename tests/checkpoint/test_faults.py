@@ -5,14 +5,16 @@ of every file before and after). Long cases (several restarts) are marked ``long
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import io
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from functools import partial
@@ -123,15 +125,24 @@ def _wait_for(marker: Path) -> None:
         time.sleep(0.05)
 
 
+def _second_run(argv: list[str], report: Path) -> None:
+    """In a process of its own: ``subnetdp ARGV``; its exit code and stderr to ``report``."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    report.write_text(json.dumps({"code": code, "err": err.getvalue()}))
+
+
 def test_two_concurrent_runs_into_one_out(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A real second process, started while the first run trains, is refused in its launching
-    process; the first run's files are all its own. The first run is this process's (its fork
-    server is warm: a separate first process would import torch twice more), and its workers
-    wait until the second process has ended, so the second meets it mid-run on any load."""
-    out, marker = tmp_path / "shared", tmp_path / "second-ended"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    second: list[subprocess.CompletedProcess[str]] = []
+    process; the first run's files are all its own. The first run is this process's, the second
+    a child of this process's fork server (warm: it imports nothing), and the first run's
+    workers wait until the second has ended, so the second meets it mid-run on any load."""
+    out, marker, report = tmp_path / "shared", tmp_path / "second-ended", tmp_path / "second"
+    second = multiprocessing.get_context("forkserver").Process(
+        target=_second_run, args=(["train", *TINY, "--steps", "4", "--seed", "1", "--out",
+                                   str(out)], report))
 
     def start_second() -> None:
         try:
@@ -140,10 +151,8 @@ def test_two_concurrent_runs_into_one_out(tmp_path: Path,
                 if time.monotonic() > deadline:
                     return  # the first run never held the folder: asserted below
                 time.sleep(0.05)
-            second.append(subprocess.run(
-                [sys.executable, "-m", "subnetdp.cli", "train", *TINY, "--steps", "4",
-                 "--seed", "1", "--out", str(out)],
-                env=env, capture_output=True, text=True, timeout=200))
+            second.start()
+            second.join(200)
         finally:
             marker.touch()
 
@@ -154,9 +163,10 @@ def test_two_concurrent_runs_into_one_out(tmp_path: Path,
         code = main(["train", *TINY, "--steps", "12", "--ckpt-every", "6", "--out", str(out)])
     finally:
         thread.join()
-    assert code == 0 and second
-    assert second[0].returncode == 2, second[0].stderr[-3000:]
-    err = _one_line(second[0].stderr)
+    assert code == 0 and second.exitcode == 0 and second.pid != os.getpid()
+    refused = json.loads(report.read_text())
+    assert refused["code"] == 2, refused["err"][-3000:]
+    err = _one_line(refused["err"])
     assert f"pid {os.getpid()} on host" in err and "use another --out" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["config"]["seed"] == 0
