@@ -118,8 +118,9 @@ def test_a_second_writer_is_refused_naming_the_holder(
     assert sorted(p.name for p in out.iterdir()) == []  # nothing written, lock released
 
 
-def _wait_for(marker: Path) -> None:
-    """In a worker: wait (at most 200 s) until ``marker`` exists."""
+def _wait_for(marker: Path, started: Path) -> None:
+    """In a worker: say so at ``started``, then wait (at most 200 s) until ``marker`` exists."""
+    started.touch()
     deadline = time.monotonic() + 200
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -140,23 +141,26 @@ def test_two_concurrent_runs_into_one_out(tmp_path: Path,
     a child of this process's fork server (warm: it imports nothing), and the first run's
     workers wait until the second has ended, so the second meets it mid-run on any load."""
     out, marker, report = tmp_path / "shared", tmp_path / "second-ended", tmp_path / "second"
+    started = tmp_path / "first-started"
     second = multiprocessing.get_context("forkserver").Process(
         target=_second_run, args=(["train", *TINY, "--steps", "4", "--seed", "1", "--out",
                                    str(out)], report))
 
     def start_second() -> None:
         try:
+            # the first run's workers are up: its launch started the fork server (the second
+            # must not start it first, without the launch's preload)
             deadline = time.monotonic() + 120
-            while not (out / LOCK).exists() or not (out / LOCK).read_text():
+            while not started.exists():
                 if time.monotonic() > deadline:
-                    return  # the first run never held the folder: asserted below
+                    return  # the first run never started: asserted below
                 time.sleep(0.05)
             second.start()
             second.join(200)
         finally:
             marker.touch()
 
-    patch_workers(monkeypatch, partial(_wait_for, marker))
+    patch_workers(monkeypatch, partial(_wait_for, marker, started))
     thread = threading.Thread(target=start_second)
     thread.start()
     try:
