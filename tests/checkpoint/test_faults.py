@@ -5,14 +5,17 @@ of every file before and after). Long cases (several restarts) are marked ``long
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import io
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
-import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -115,26 +118,60 @@ def test_a_second_writer_is_refused_naming_the_holder(
     assert sorted(p.name for p in out.iterdir()) == []  # nothing written, lock released
 
 
+def _wait_for(marker: Path, started: Path) -> None:
+    """In a worker: say so at ``started``, then wait (at most 200 s) until ``marker`` exists."""
+    started.touch()
+    deadline = time.monotonic() + 200
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _second_run(argv: list[str], report: Path) -> None:
+    """In a process of its own: ``subnetdp ARGV``; its exit code and stderr to ``report``."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    report.write_text(json.dumps({"code": code, "err": err.getvalue()}))
+
+
 def test_two_concurrent_runs_into_one_out(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """A real second process: the first run trains; the second, started while it runs, is
-    refused in its launching process; the first run's files are all its own."""
-    out = tmp_path / "shared"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
-    first = subprocess.Popen([sys.executable, "-m", "subnetdp.cli", "train", *TINY, "--steps",
-                              "12", "--ckpt-every", "6", "--out", str(out)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real second process, started while the first run trains, is refused in its launching
+    process; the first run's files are all its own. The first run is this process's, the second
+    a child of this process's fork server (warm: it imports nothing), and the first run's
+    workers wait until the second has ended, so the second meets it mid-run on any load."""
+    out, marker, report = tmp_path / "shared", tmp_path / "second-ended", tmp_path / "second"
+    started = tmp_path / "first-started"
+    second = multiprocessing.get_context("forkserver").Process(
+        target=_second_run, args=(["train", *TINY, "--steps", "4", "--seed", "1", "--out",
+                                   str(out)], report))
+
+    def start_second() -> None:
+        try:
+            # the first run's workers are up: its launch started the fork server (the second
+            # must not start it first, without the launch's preload)
+            deadline = time.monotonic() + 120
+            while not started.exists():
+                if time.monotonic() > deadline:
+                    return  # the first run never started: asserted below
+                time.sleep(0.05)
+            second.start()
+            second.join(200)
+        finally:
+            marker.touch()
+
+    patch_workers(monkeypatch, partial(_wait_for, marker, started))
+    thread = threading.Thread(target=start_second)
+    thread.start()
     try:
-        deadline = time.monotonic() + 120
-        while not (out / LOCK).exists() or not (out / LOCK).read_text():
-            assert first.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        err = _one_line(_err(["train", *TINY, "--steps", "4", "--seed", "1", "--out",
-                              str(out)], capsys))
-        assert f"pid {first.pid} on host" in err and "use another --out" in err
+        code = main(["train", *TINY, "--steps", "12", "--ckpt-every", "6", "--out", str(out)])
     finally:
-        _, first_err = first.communicate(timeout=200)
-    assert first.returncode == 0, first_err
+        thread.join()
+    assert code == 0 and second.exitcode == 0 and second.pid != os.getpid()
+    refused = json.loads(report.read_text())
+    assert refused["code"] == 2, refused["err"][-3000:]
+    err = _one_line(refused["err"])
+    assert f"pid {os.getpid()} on host" in err and "use another --out" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["config"]["seed"] == 0
     for r in range(WORLD):  # no interleaved lines of the refused run

@@ -22,7 +22,10 @@ WORLD = 4
 TINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "16", "--eval-batches", "1",
         "--memory-step", "-1", "--no-progress", "--warmup", "2", "--nproc", str(WORLD),
         "--coverage", "0.5", "--model-arg", "n_layers=4", "--model-arg", "dim=32",
-        "--model-arg", "ffn_hidden=64", "--steps", "6", "--ckpt-every", "3", "--fsdp"]
+        "--model-arg", "ffn_hidden=64", "--fsdp"]
+# Each FSDP step of 4 workers costs about 1.5 s of CPU: two steps before the checkpoint resumed
+# from and two after it are the fewest that still resume mid-run (after the warm-up).
+STEPS, EVERY = 4, 2
 
 
 def _losses(run: Path) -> list[list[float]]:
@@ -38,10 +41,11 @@ def _final(run: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(("strategy", "extra"), [("b-sdp", ["--ac"]), ("nb-sdp", ["--ac"])])
 def test_fsdp_resume_is_exact(strategy: str, extra: list[str], tmp_path: Path) -> None:
     run = tmp_path / strategy
-    assert main(["train", *TINY, *extra, "--strategy", strategy, "--out", str(run)]) == 0
+    assert main(["train", *TINY, *extra, "--strategy", strategy, "--steps", str(STEPS),
+                 "--ckpt-every", str(EVERY), "--out", str(run)]) == 0
     losses, final = _losses(run), _final(run)
-    assert [len(x) for x in losses] == [6] * WORLD
-    assert main(["train", "--resume", str(run / "checkpoints" / "step_00000003")]) == 0
+    assert [len(x) for x in losses] == [STEPS] * WORLD
+    assert main(["train", "--resume", str(run / "checkpoints" / f"step_{EVERY:08d}")]) == 0
     assert _losses(run) == losses
     again = _final(run)
     assert again.keys() == final.keys()
@@ -58,16 +62,17 @@ def test_fsdp_checkpoint_resumes_under_another_world_and_coverage(
     from tests.checkpoint.test_reshard import _assembled, restore_and_write_back
 
     out = tmp_path / "run"
-    args = [a if a != "6" else "3" for a in TINY]  # 3 steps, one checkpoint at the end
-    assert main(["train", *args, "--strategy", strategy, "--out", str(out)]) == 0
-    saved_ckpt = Path(shutil.copytree(out / "checkpoints" / "step_00000003", tmp_path / "saved"))
+    # 2 steps, one checkpoint at the end; then one more step under the new plan
+    assert main(["train", *TINY, "--strategy", strategy, "--steps", "2", "--ckpt-every", "2",
+                 "--out", str(out)]) == 0
+    saved_ckpt = Path(shutil.copytree(out / "checkpoints" / "step_00000002", tmp_path / "saved"))
     patch_workers(monkeypatch, restore_and_write_back)
     assert main(["train", "--resume", str(out), "--reshard", "--nproc", "3", "--coverage",
-                 "0.67", "--steps", "5", "--ckpt-every", "5"]) == 0
-    loaded_ckpt = out / "checkpoints" / "step_00000003"
+                 "0.67", "--steps", "3", "--ckpt-every", "3"]) == 0
+    loaded_ckpt = out / "checkpoints" / "step_00000002"
     assert read_manifest(loaded_ckpt)["world"] == 3
     saved, loaded = _assembled(saved_ckpt), _assembled(loaded_ckpt)
     assert saved.keys() == loaded.keys() and any(k.startswith("optim/exp_avg/") for k in saved)
     for k in saved:
         assert torch.equal(saved[k], loaded[k]), k
-    assert list_checkpoints(out / "checkpoints")[-1].name == "step_00000005"
+    assert list_checkpoints(out / "checkpoints")[-1].name == "step_00000003"

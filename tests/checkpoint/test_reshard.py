@@ -61,13 +61,29 @@ def restore_and_write_back() -> None:
     Checkpointer.restore = restore  # type: ignore[method-assign]
 
 
+_RUNS: dict[str, Path] = {}
+
+
+def _trained(strategy: str, factory: pytest.TempPathFactory, to: Path) -> Path:
+    """A copy at ``to`` of a finished 4-step run of 2 workers at coverage 0.5 with a checkpoint
+    at step 4 (n-sdp: at step 2 too, for the same-plan resume), trained once per strategy for
+    the whole module. Here a checkpoint costs more CPU than the 4 steps: only n-sdp's run
+    writes two."""
+    if strategy not in _RUNS:
+        out = factory.mktemp("runs") / strategy
+        every = "2" if strategy == "n-sdp" else "4"
+        assert main(["train", *TINY, "--strategy", strategy, "--nproc", "2", "--coverage",
+                     "0.5", "--steps", "4", "--ckpt-every", every, "--out", str(out)]) == 0
+        _RUNS[strategy] = out
+    return Path(shutil.copytree(_RUNS[strategy], to))
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "b-sdp", "bb-sdp", "n-sdp", "nb-sdp"])
 def test_resume_under_another_world_and_coverage(
-    strategy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    strategy: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = tmp_path / "run"
-    assert main(["train", *TINY, "--strategy", strategy, "--nproc", "2", "--coverage", "0.5",
-                 "--steps", "4", "--ckpt-every", "4", "--out", str(out)]) == 0
+    out = _trained(strategy, tmp_path_factory, tmp_path / "run")
     saved_ckpt = Path(shutil.copytree(out / "checkpoints" / "step_00000004",
                                       tmp_path / "saved"))
     patch_workers(monkeypatch, restore_and_write_back)
@@ -94,25 +110,25 @@ def test_resume_under_another_world_and_coverage(
             out / "metrics" / f"rank{r}.jsonl"))
 
 
-def test_reshard_into_the_same_plan_is_an_exact_resume(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    assert main(["train", *TINY, "--strategy", "n-sdp", "--nproc", "2", "--steps", "4",
-                 "--ckpt-every", "2", "--out", str(out)]) == 0
+def test_reshard_into_the_same_plan_is_an_exact_resume(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    out = _trained("n-sdp", tmp_path_factory, tmp_path / "run")
     losses = [m["loss"] for m in read_jsonl(out / "metrics" / "rank1.jsonl")]
     assert main(["train", "--resume", str(out / "checkpoints" / "step_00000002"),
                  "--reshard"]) == 0
     assert [m["loss"] for m in read_jsonl(out / "metrics" / "rank1.jsonl")] == losses
 
 
-def test_resume_under_another_world_needs_reshard(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "run"
-    assert main(["train", *TINY, "--nproc", "2", "--steps", "2", "--ckpt-every", "2",
-                 "--out", str(out)]) == 0
+def test_resume_under_another_world_needs_reshard(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = _trained("b-sdp", tmp_path_factory, tmp_path / "run")  # b-sdp: the default
     capsys.readouterr()
-    assert main(["train", "--resume", str(out), "--nproc", "3", "--steps", "4"]) == 2
+    assert main(["train", "--resume", str(out), "--nproc", "3", "--steps", "6"]) == 2
     assert "or add --reshard to re-plan it" in capsys.readouterr().err
-    assert main(["train", "--resume", str(out), "--coverage", "1.0", "--steps", "4"]) == 2
+    assert main(["train", "--resume", str(out), "--coverage", "1.0", "--steps", "6"]) == 2
     assert "or add --reshard," in capsys.readouterr().err
 
 
