@@ -7,6 +7,7 @@ FSDP must create no process group beyond one per distinct holder set (+ the worl
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import pytest
@@ -23,17 +24,21 @@ from tests.dist.harness import run_workers
 
 WORLD = 4
 STEPS = 4
-# 4 layers: every strategy's plan still has 4 distinct holder pairs (as with 8), at half of
-# n-sdp's FSDP groups (each a gather and a reduce-scatter per step: most of this file's time)
-MODEL = {"dim": 32, "n_layers": 4, "n_heads": 4, "vocab_size": 64, "max_seq_len": 16,
+# the composition tests' llama (test_compile, test_optim and test_schedule_runtime import it)
+MODEL = {"dim": 32, "n_layers": 8, "n_heads": 4, "vocab_size": 64, "max_seq_len": 16,
          "ffn_hidden": 48}
+# this file's runs: with 4 layers every strategy's plan still has 4 distinct holder pairs (as
+# with 8), at half of n-sdp's FSDP groups (each a gather and a reduce-scatter per step: most of
+# this file's time)
+LAYERS = 4
 RESNET = {"width": 4}  # resnet18-fmnist: BatchNorm inside n-sdp's channel groups
 
 
-def _meta_model(name: str = "llama") -> Any:
+def _meta_model(name: str = "llama", layers: int = MODEL["n_layers"]) -> Any:
     recipe = get_recipe("llama-tiny" if name == "llama" else "resnet18-fmnist")
     with torch.device("meta"):
-        return recipe, recipe.build_model(**(MODEL if name == "llama" else RESNET))
+        return recipe, recipe.build_model(
+            **({**MODEL, "n_layers": layers} if name == "llama" else RESNET))
 
 
 def _batch(name: str, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,8 +49,9 @@ def _batch(name: str, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]
     return torch.randn(4, 1, 28, 28, generator=g), torch.randint(0, 10, (4,), generator=g)
 
 
-def _plan(strategy: str, coverage: float = 0.5, name: str = "llama"):
-    recipe, model = _meta_model(name)
+def _plan(strategy: str, coverage: float = 0.5, name: str = "llama",
+          layers: int = MODEL["n_layers"]):
+    recipe, model = _meta_model(name, layers)
     if strategy in ("n-sdp", "nb-sdp"):
         return make_neuron_plan(model, recipe.adapter, world=WORLD, coverage=coverage, seed=0)
     units, shared = describe_units(model, recipe.adapter)
@@ -55,7 +61,7 @@ def _plan(strategy: str, coverage: float = 0.5, name: str = "llama"):
 def _train(rank: int, world: int, strategy: str, plan: Any, opts: dict[str, Any],
            steps: int = STEPS, repeat: bool = False, name: str = "llama") -> dict[str, Any]:
     """``repeat``: the same batch every step (learnable: the loss must fall)."""
-    recipe, model = _meta_model(name)
+    recipe, model = _meta_model(name, LAYERS)
     groups_before = _groups_created()
     sdp = SubnetDataParallel(model, plan=plan, adapter=recipe.adapter, strategy=strategy,
                              device="cpu", init_seed=0, **opts)
@@ -122,23 +128,24 @@ def _train_all(rank: int, world: int, cases: list[Case]) -> list[list[dict[str, 
              for opts, steps, repeat in configs] for strategy, name, plan, configs in cases]
 
 
-_RUNS: dict[tuple[str, str], dict[tuple[Any, ...], list[Any]]] = {}
+@cache
+def _all_runs() -> dict[tuple[str, str], dict[tuple[Any, ...], list[Any]]]:
+    """Every strategy's and model's configurations, trained one after the other in one launch
+    of workers, each on ``_plan(strategy, name)``: per (strategy, model), per configuration, the
+    per-rank results."""
+    cases = [(s, n, _plan(s, name=n, layers=LAYERS),
+              list({_key(*c): c for c in _configs(s, n)}.values()))
+             for s, n in dict.fromkeys([*FSDP_CASES, *((s, "llama") for s, _ in AC_CASES),
+                                        *((s, "llama") for s, _ in BF16_CASES)])]
+    by_rank = run_workers(_train_all, WORLD, cases, timeout=480)  # all of them: ~1 min CPU
+    return {(s, n): {_key(*c): [res[i][j] for res in by_rank] for j, c in enumerate(configs)}
+            for i, (s, n, _, configs) in enumerate(cases)}
 
 
 def _run(strategy: str, opts: dict[str, Any], steps: int = STEPS, repeat: bool = False,
          name: str = "llama") -> list[Any]:
-    """Per-rank results of one configuration. Every strategy's and model's configurations
-    train, one after the other, in one launch of workers, each on ``_plan(strategy, name)``."""
-    if not _RUNS:
-        cases = [(s, n, _plan(s, name=n),
-                  list({_key(*c): c for c in _configs(s, n)}.values()))
-                 for s, n in dict.fromkeys([*FSDP_CASES, *((s, "llama") for s, _ in AC_CASES),
-                                            *((s, "llama") for s, _ in BF16_CASES)])]
-        by_rank = run_workers(_train_all, WORLD, cases, timeout=480)  # all of them: ~1 min CPU
-        for i, (s, n, _, configs) in enumerate(cases):
-            _RUNS[s, n] = {_key(*c): [res[i][j] for res in by_rank]
-                           for j, c in enumerate(configs)}
-    return _RUNS[strategy, name][_key(opts, steps, repeat)]
+    """Per-rank results of one configuration."""
+    return _all_runs()[strategy, name][_key(opts, steps, repeat)]
 
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
@@ -149,7 +156,7 @@ def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: fl
 
 @pytest.mark.parametrize(("strategy", "name"), FSDP_CASES)
 def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
-    plan = _plan(strategy, name=name)
+    plan = _plan(strategy, name=name, layers=LAYERS)
     plain = _run(strategy, {}, name=name)
     sharded = _run(strategy, {"fsdp": True}, name=name)
     _assert_same(plain[0]["state"], sharded[0]["state"], 1e-5)

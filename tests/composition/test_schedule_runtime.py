@@ -13,36 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from subnetdp.models import get_recipe
 from subnetdp.plan import Plan, explicit_plan, make_plan
 from subnetdp.plan.schedule import ADJACENT, DEFAULT, OFF, ScheduleError, fsdp_schedule
 from subnetdp.runtime import SubnetDataParallel, ring
 from subnetdp.runtime.backends import _part_order
-from subnetdp.subnet.neurons import make_neuron_plan
 from subnetdp.subnet.units import describe_units
-from tests.composition.test_fsdp_ac_bf16 import MODEL, WORLD, _batch
+from tests.composition.test_fsdp_ac_bf16 import WORLD, _batch, _meta_model, _plan
 from tests.dist.harness import run_workers
-
-# 8 layers: the explicit plan's 8 columns, and FSDP2's own prefetch order deadlocks on them
-LAYERS = 8
-
-
-def _meta_model() -> Any:
-    recipe = get_recipe("llama-tiny")
-    with torch.device("meta"):
-        return recipe, recipe.build_model(**{**MODEL, "n_layers": LAYERS})
-
-
-def _plan(strategy: str) -> Plan:
-    recipe, model = _meta_model()
-    if strategy == "n-sdp":
-        return make_neuron_plan(model, recipe.adapter, world=WORLD, coverage=0.5, seed=0)
-    units, shared = describe_units(model, recipe.adapter)
-    return make_plan(world=WORLD, units=units, coverage=0.5, seed=0, shared_size=shared)
 
 
 def _record(rank: int, world: int, strategy: str, plan: Plan, prefetch: bool) -> Any:

@@ -4,6 +4,7 @@ bytes, and per-rank state and gradients of exactly the shard sizes."""
 from __future__ import annotations
 
 import math
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +90,16 @@ def _train_each_zero(r: int, world: int) -> dict[str, dict[int, dict[str, Any]]]
     return {s: {z: _train(r, world, s, z) for z in (0, 1, 2)} for s in SDP_NAMES}
 
 
-_RUNS: dict[str, dict[int, list[dict[str, Any]]]] = {}
+@cache
+def _all_runs() -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """zero 0, 1 and 2 of every SDP strategy one after the other in the same 4 workers (one
+    launch for all): per strategy, per zero stage, the per-rank results."""
+    by_rank = run_workers(_train_each_zero, 4)
+    return {s: {z: [res[s][z] for res in by_rank] for z in (0, 1, 2)} for s in SDP_NAMES}
 
 
 def _run(strategy: str) -> dict[int, list[dict[str, Any]]]:
-    """zero 0, 1 and 2 of every SDP strategy one after the other in the same 4 workers (one
-    launch for all)."""
-    if not _RUNS:
-        by_rank = run_workers(_train_each_zero, 4)
-        _RUNS.update({s: {z: [res[s][z] for res in by_rank] for z in (0, 1, 2)}
-                      for s in SDP_NAMES})
-    return _RUNS[strategy]
+    return _all_runs()[strategy]
 
 
 def _real(c: int, k: int, n: int) -> int:

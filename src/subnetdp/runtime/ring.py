@@ -62,9 +62,10 @@ def ring_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.Proces
     chunks = inp.reshape(-1).split(n)
     nxt = dist.get_global_rank(group, (me + 1) % h)
     prv = dist.get_global_rank(group, (me - 1) % h)
-    # The partial sums accumulate in ``out`` itself (sent before it is overwritten), so the
-    # ring holds one chunk-sized buffer besides its input and output.
-    send, recv, acc = chunks[(me - 1) % h], torch.empty_like(out), out.view(-1)
+    # The partial sums accumulate in ``out`` itself (each sent before it is overwritten), so
+    # the ring holds one chunk-sized buffer besides its input and output.
+    acc = out.view(-1)
+    send, recv = chunks[(me - 1) % h], torch.empty_like(acc)
     for s in range(h - 1):
         # step s: pass on the partial sum of chunk me-s-1, receive the one of chunk me-s-2
         # (at s = 0 just the chunk itself); the last step's is this rank's own chunk
@@ -72,10 +73,10 @@ def ring_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.Proces
                                         dist.P2POp(dist.irecv, recv, prv, group)])
         for w in works:
             w.wait()
-        torch.add(recv.view(-1), chunks[(me - s - 2) % h], out=acc)
+        torch.add(recv, chunks[(me - s - 2) % h], out=acc)
         send = acc
     if h == 1:
-        out.view(-1).copy_(chunks[0])
+        acc.copy_(chunks[0])
 
 
 @dataclass(frozen=True)
