@@ -187,7 +187,6 @@ def test_a_full_disk_while_metrics_are_written_names_the_file(
 def test_a_malformed_dataset_file_is_one_line_naming_it(
         builder: str, name: str, text: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("datasets")
     path = tmp_path / name
     path.write_text(text)
     code, err = run_cli([*T, "--dataset", builder, "--data-files", str(path), "--out",

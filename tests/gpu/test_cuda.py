@@ -150,7 +150,6 @@ def test_hf_llama_example_runs_on_cuda(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    pytest.importorskip("transformers")
     example = Path(__file__).resolve().parents[2] / "examples" / "hf_llama.py"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                            "2", str(example)], capture_output=True, text=True, timeout=600)

@@ -17,9 +17,6 @@ import pytest
 from tests.dist.harness import run_workers
 from tests.docs.test_code_blocks import SHELL, TESTED_ELSEWHERE, blocks
 
-pytest.importorskip("lightning.pytorch")
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"

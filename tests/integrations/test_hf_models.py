@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
 from subnetdp.integrations.hf_models import hf_decoder_adapter
 from subnetdp.runtime.wrapper import SubnetDataParallel
@@ -19,7 +20,6 @@ from subnetdp.subnet.neurons import make_neuron_plan
 from tests.dist.harness import run_workers
 from tests.dist.reference import assert_pieces_match, reference_history
 
-transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.dist
 STEPS, VOCAB = 2, 64
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
 from subnetdp.strategy import PlanSpec
 from tests.dist.harness import run_workers
 
-transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 VOCAB, CLIP, LR = 64, 0.5, 1e-2

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as L
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -27,7 +28,6 @@ from subnetdp.strategy import PlanSpec
 from tests.dist.harness import run_workers
 from tests.dist.toy import Toy, toy_batch, toy_loss
 
-L = pytest.importorskip("lightning.pytorch")
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
 CLIP, LR = 0.5, 1e-2
