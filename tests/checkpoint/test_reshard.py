@@ -21,7 +21,7 @@ import torch
 from subnetdp.checkpoint.files import ShardReader, list_checkpoints, read_manifest, split_piece
 from subnetdp.checkpoint.reshard import PieceReader
 from subnetdp.cli import main
-from subnetdp.metrics.sinks import read_jsonl
+from subnetdp.metrics.sinks import LR, rank_jsonl_path, read_jsonl
 from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(240)]
@@ -113,11 +113,33 @@ def test_resume_under_another_world_and_coverage(
 def test_reshard_into_the_same_plan_is_an_exact_resume(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    """Resumed from step 2 of 4, every rank logs the uninterrupted run's loss and learning rate
+    at every step, and the step-4 checkpoint it writes holds the same LR schedule state and,
+    bit for bit, the same parameters and optimizer state. The schedule (warm-up 2, then cosine
+    decay to step 4) changes the rate between steps 3 and 4, so a schedule not restored shows:
+    the logged rates, the scheduler state and, through step 4's update, the weights differ."""
     out = _trained("n-sdp", tmp_path_factory, tmp_path / "run")
-    losses = [m["loss"] for m in read_jsonl(out / "metrics" / "rank1.jsonl")]
+
+    def logged() -> list[list[tuple[int, float, float]]]:
+        return [[(m["step"], m["loss"], m[LR]) for m in read_jsonl(rank_jsonl_path(out, r))]
+                for r in range(2)]
+
+    uninterrupted = logged()
+    rates = [lr for _, _, lr in uninterrupted[0]]
+    assert [s for s, _, _ in uninterrupted[0]] == [1, 2, 3, 4]
+    assert rates[2] != rates[3] and rates[0] != rates[1]  # the schedule moves in both segments
+    final = Path(shutil.copytree(out / "checkpoints" / "step_00000004", tmp_path / "final"))
     assert main(["train", "--resume", str(out / "checkpoints" / "step_00000002"),
                  "--reshard"]) == 0
-    assert [m["loss"] for m in read_jsonl(out / "metrics" / "rank1.jsonl")] == losses
+    assert logged() == uninterrupted
+    resumed = out / "checkpoints" / "step_00000004"
+    assert read_manifest(resumed)["time"] > read_manifest(final)["time"]  # the resume's own
+    want, got = read_manifest(final)["optimizer"], read_manifest(resumed)["optimizer"]
+    assert got["scheduler"] == want["scheduler"] and got["param_groups"] == want["param_groups"]
+    saved, loaded = _assembled(final), _assembled(resumed)
+    assert saved.keys() == loaded.keys()
+    for k in saved:
+        assert torch.equal(saved[k], loaded[k]), k
 
 
 def test_resume_under_another_world_needs_reshard(

@@ -1,4 +1,5 @@
-"""Helpers of the fault suite: run the CLI, fingerprint a folder, judge an error message."""
+"""Helpers of the fault suite: run the CLI, start a training run and wait for its metrics or
+checkpoints, fingerprint a folder, judge an error message."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from subnetdp import cli
 REPO = Path(__file__).resolve().parents[2]
 MAX_MESSAGE_LINES = 1  # our own errors: exactly one line on stderr
 long_faults = pytest.mark.long  # minutes each: only with SUBNETDP_LONG_TESTS=1 (conftest.py)
+# 2 workers of the default recipe, a metrics line a step (tests/launch: add --out, --steps, ...)
+TRAIN = ["train", "--nproc", "2", "--no-progress", "--log-every", "1", "--batch-size", "2",
+         "--seq-len", "32", "--eval-batches", "1"]
 
 
 def fingerprint(root: Path) -> dict[str, str]:
@@ -61,6 +65,24 @@ def subnetdp(args: Sequence[str], **kw: object) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "subnetdp.cli", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             **kw)  # type: ignore[call-overload]
+
+
+def start_training(out: Path, *extra: str) -> subprocess.Popen[str]:
+    """``subnetdp train`` of ``TRAIN`` into ``out`` (and ``extra``) as a child process."""
+    return subnetdp([*TRAIN, "--out", str(out), *extra])
+
+
+def wait_for_checkpoint(out: Path, timeout: float = 300) -> None:
+    """Until a first checkpoint of run folder ``out`` is complete (its manifest written)."""
+    wait_for(lambda: any((out / "checkpoints").glob("step_*/manifest.json")), timeout,
+             "a first checkpoint")
+
+
+def wait_for_metrics(out: Path, rank: int, timeout: float = 300) -> None:
+    """Until ``rank`` of run folder ``out`` has logged a first metrics line."""
+    path = out / "metrics" / f"rank{rank}.jsonl"
+    wait_for(lambda: path.exists() and path.stat().st_size > 0, timeout,
+             f"rank {rank}'s first metrics")
 
 
 def wait_for(pred: object, timeout: float, what: str) -> None:

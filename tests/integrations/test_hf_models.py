@@ -11,39 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
-import transformers
 
 from subnetdp.integrations.hf_models import hf_decoder_adapter
 from subnetdp.runtime.wrapper import SubnetDataParallel
 from subnetdp.subnet.neurons import make_neuron_plan
 from tests.dist.harness import run_workers
 from tests.dist.reference import assert_pieces_match, reference_history
+from tests.models.hf_tiny import batch, loss, sgd, tiny_llama, train
 
 pytestmark = pytest.mark.dist
-STEPS, VOCAB = 2, 64
+STEPS = 2
 
 
 def _model() -> Any:
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        tie_word_embeddings=False, use_cache=False)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg)
-
-
-def _batch(w: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(10 * step + w))
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-def _loss(out: Any, y: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), y.flatten())
-
-
-def _sgd(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.5)
+    return tiny_llama(layers=2, max_positions=32)
 
 
 def _plan(model: Any) -> Any:
@@ -54,12 +35,7 @@ def _train(rank: int, world: int) -> dict[str, Any]:
     model = _model()
     sdp = SubnetDataParallel(model, plan=_plan(model), adapter=hf_decoder_adapter(model),
                              strategy="n-sdp", device="cpu")
-    opt = _sgd(sdp.parameters())
-    for step in range(STEPS):
-        x, y = _batch(rank, step)
-        _loss(sdp(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+    train(sdp, sgd(sdp.parameters()), rank, STEPS)
     layer = model.model.layers[0]
     return {"pieces": sdp.shard_state(owned_only=False),
             "widths": (layer.self_attn.k_proj.weight.shape[0], layer.mlp.up_proj.weight.shape[0])}
@@ -73,8 +49,8 @@ def test_nsdp_narrows_hf_llama_like_the_masked_reference() -> None:
         ("model.layers.0.self_attn", "heads", 2), ("model.layers.0.mlp", "ffn", 48)]
     plan = _plan(model)
     results = run_workers(_train, 2)
-    ref = reference_history(model, adapter, plan, "n-sdp", batch=_batch, loss=_loss,
-                            optimizer=_sgd, steps=STEPS)[-1]
+    ref = reference_history(model, adapter, plan, "n-sdp", batch=batch, loss=loss,
+                            optimizer=sgd, steps=STEPS)[-1]
     for res in results:
         assert res["widths"] == (8, 24)  # one of 2 K/V heads (head_dim 8), half the MLP units
         assert assert_pieces_match(res["pieces"], ref, atol=2e-5, rtol=1e-4) > 0

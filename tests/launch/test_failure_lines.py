@@ -18,13 +18,10 @@ from tests.faults.harness import (
     clear_message,
     kill_quietly,
     long_faults,
-    subnetdp,
-    wait_for,
+    start_training,
+    wait_for_metrics,
     worker_pids,
 )
-
-TRAIN = ["train", "--nproc", "2", "--no-progress", "--log-every", "1", "--batch-size", "2",
-         "--seq-len", "32", "--eval-batches", "1"]
 
 LINK = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
 LOST = ("Traceback (most recent call last):\n  ...\nRuntimeError: [../gloo/transport/tcp/"
@@ -70,10 +67,9 @@ def test_the_slow_rank_names_itself_when_it_finds_its_peer_gone(
 @pytest.mark.timeout(600)
 def test_sigterm_of_one_worker_is_named_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    p = subnetdp([*TRAIN, "--out", str(out), "--steps", "100000"])
+    p = start_training(out, "--steps", "100000")
     try:
-        wait_for(lambda: (out / "metrics" / "rank1.jsonl").exists()
-                 and (out / "metrics" / "rank1.jsonl").stat().st_size > 0, 300, "rank 1's metrics")
+        wait_for_metrics(out, 1)
         os.kill(worker_pids(out)[1], signal.SIGTERM)
         _, err = p.communicate(timeout=180)
     finally:
@@ -90,11 +86,10 @@ def test_a_slow_rank_is_named_not_the_peer_it_lost(tmp_path: Path) -> None:
     """Rank 1 stops for longer than --collective-timeout, then goes on (a slow rank, not a dead
     one): the line names rank 1's silence, not the connection it finds closed."""
     out = tmp_path / "run"
-    p = subnetdp([*TRAIN, "--out", str(out), "--steps", "100000", "--collective-timeout", "5"])
+    p = start_training(out, "--steps", "100000", "--collective-timeout", "5")
     pid = 0
     try:
-        wait_for(lambda: (out / "metrics" / "rank1.jsonl").exists()
-                 and (out / "metrics" / "rank1.jsonl").stat().st_size > 0, 300, "rank 1's metrics")
+        wait_for_metrics(out, 1)
         pid = worker_pids(out)[1]
         os.kill(pid, signal.SIGSTOP)
         time.sleep(8)

@@ -22,15 +22,14 @@ from tests.faults.harness import (
     fingerprint,
     kill_quietly,
     long_faults,
-    subnetdp,
+    start_training,
     wait_for,
+    wait_for_checkpoint,
+    wait_for_metrics,
     worker_pids,
 )
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
-
-TRAIN = ["train", "--nproc", "2", "--no-progress", "--log-every", "1", "--batch-size", "2",
-         "--seq-len", "32", "--eval-batches", "1"]
 
 
 def _raise_on_rank_1() -> int:
@@ -114,22 +113,12 @@ def test_45_launches_do_not_hang() -> None:
     test_repeated_launches_do_not_hang(45)
 
 
-def _start_training(out: Path, *extra: str) -> Any:
-    return subnetdp([*TRAIN, "--out", str(out), *extra])
-
-
-def _metrics_written(out: Path, rank: int = 0) -> bool:
-    p = out / "metrics" / f"rank{rank}.jsonl"
-    return p.exists() and p.stat().st_size > 0
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_is_one_line_and_names_the_resume(sig: signal.Signals, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    p = _start_training(out, "--steps", "100000", "--ckpt-every", "1")
+    p = start_training(out, "--steps", "100000", "--ckpt-every", "1")
     try:
-        wait_for(lambda: (out / "checkpoints").is_dir() and any(
-            (out / "checkpoints").glob("step_*/manifest.json")), 300, "a first checkpoint")
+        wait_for_checkpoint(out)
         p.send_signal(sig)
         t0 = time.monotonic()
         _, err = p.communicate(timeout=120)
@@ -147,7 +136,7 @@ def test_sigterm_writes_the_checkpoint_due_within_the_grace(tmp_path: Path) -> N
     """A preemption SIGTERM a few steps before a checkpoint: the workers train on to it, write
     it and stop; nothing older changes."""
     out = tmp_path / "run"
-    p = _start_training(out, "--steps", "100000", "--ckpt-every", "6")
+    p = start_training(out, "--steps", "100000", "--ckpt-every", "6")
     try:
         wait_for(lambda: any((out / "checkpoints").glob("step_00000006/manifest.json")), 400,
                  "the checkpoint of step 6")
@@ -169,10 +158,10 @@ def test_a_hung_rank_ends_the_run_naming_it(tmp_path: Path) -> None:
     """Rank 1 stops (SIGSTOP: a frozen process); with --collective-timeout 5 the group ends
     within the timeout + the shutdown grace, and the message names rank 1."""
     out = tmp_path / "run"
-    p = _start_training(out, "--steps", "100000", "--collective-timeout", "5")
+    p = start_training(out, "--steps", "100000", "--collective-timeout", "5")
     pids: dict[int, int] = {}
     try:
-        wait_for(lambda: _metrics_written(out, 1), 300, "rank 1's first metrics")
+        wait_for_metrics(out, 1)
         pids = worker_pids(out)
         os.kill(pids[1], signal.SIGSTOP)
         t0 = time.monotonic()
@@ -194,10 +183,9 @@ def test_a_killed_worker_is_one_line_naming_it(tmp_path: Path) -> None:
     """kill -9 of rank 1 mid-run (no --max-restarts): one line naming rank 1 from the CLI, the
     tracebacks of every rank in the run's logs, nothing older changed."""
     out = tmp_path / "run"
-    p = _start_training(out, "--steps", "100000", "--ckpt-every", "2")
+    p = start_training(out, "--steps", "100000", "--ckpt-every", "2")
     try:
-        wait_for(lambda: any((out / "checkpoints").glob("step_*/manifest.json")), 300,
-                 "a first checkpoint")
+        wait_for_checkpoint(out)
         first = min((out / "checkpoints").glob("step_*"))
         kept = fingerprint(first)
         os.kill(worker_pids(out)[1], signal.SIGKILL)

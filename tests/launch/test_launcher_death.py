@@ -20,15 +20,15 @@ from tests.faults.harness import (
     REPO,
     kill_quietly,
     long_faults,
-    subnetdp,
+    start_training,
     wait_for,
+    wait_for_checkpoint,
     worker_pids,
 )
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
-TRAIN = ["train", "--nproc", "2", "--no-progress", "--log-every", "1", "--batch-size", "2",
-         "--seq-len", "32", "--eval-batches", "1", "--ckpt-every", "2", "--ckpt-keep", "2"]
+CKPT = ("--ckpt-every", "2", "--ckpt-keep", "2")
 GONE_WITHIN_S = 10.0  # the bound asserted; the measured time is far below (faults.md)
 
 
@@ -101,7 +101,7 @@ def _end_survivors(run: set[int]) -> None:
 
 
 def _resume_ok(out: Path, steps: int) -> None:
-    p = subnetdp([*TRAIN, "--out", str(out), "--resume", str(out), "--steps", str(steps)])
+    p = start_training(out, *CKPT, "--resume", str(out), "--steps", str(steps))
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     summary = json.loads((out / "summary.json").read_text())
@@ -110,11 +110,10 @@ def _resume_ok(out: Path, steps: int) -> None:
 
 def test_kill_9_of_the_launcher_ends_every_worker_and_keeps_the_lock(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    p = subnetdp([*TRAIN, "--out", str(out), "--steps", "100000"])
+    p = start_training(out, *CKPT, "--steps", "100000")
     run: set[int] = set()
     try:
-        wait_for(lambda: any(checkpoints_root(out).glob("step_*/manifest.json")), 300,
-                 "a first checkpoint")
+        wait_for_checkpoint(out)
         assert len(worker_pids(out)) == 2
         elapsed, lock_broken = kill_launcher_and_time(out, p.pid, run)
     finally:
@@ -133,15 +132,14 @@ def test_kill_9_of_the_launcher_at_any_moment(moment: str, tmp_path: Path) -> No
     """At start-up (workers not all running yet), between checkpoints, and while a checkpoint
     folder is being written: nothing of the run survives, and a resume works."""
     out = tmp_path / "run"
-    p = subnetdp([*TRAIN, "--out", str(out), "--steps", "100000"])
+    p = start_training(out, *CKPT, "--steps", "100000")
     run: set[int] = set()
     try:
         if moment == "start":
             # the fork server has forked the first worker
             wait_for(lambda: len(_run_processes(p.pid)) >= 3, 120, "the first worker")
         elif moment == "steps":
-            wait_for(lambda: any(checkpoints_root(out).glob("step_*/manifest.json")), 300,
-                     "a first checkpoint")
+            wait_for_checkpoint(out)
             time.sleep(0.5)
         else:  # a checkpoint being written: its staging folder exists
             wait_for(lambda: any(checkpoints_root(out).glob(".step_*.partial")), 300,
@@ -162,7 +160,7 @@ def test_kill_9_of_the_launcher_at_any_moment(moment: str, tmp_path: Path) -> No
 
 
 def _resume_ok_fresh(out: Path, steps: int) -> None:
-    p = subnetdp([*TRAIN, "--out", str(out), "--overwrite", "--steps", str(steps)])
+    p = start_training(out, *CKPT, "--overwrite", "--steps", str(steps))
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
 
