@@ -98,6 +98,26 @@ def test_hf_export_refusals(run: Path, hf_dir: Path, tmp_path: Path,
     assert not (tmp_path / "x").exists()
 
 
+def test_a_bf16_run_exports_a_bf16_folder(tmp_path: Path) -> None:
+    """``--dtype bf16`` keeps bf16 master weights: the folder says so in ``config.json``, so
+    ``from_pretrained`` loads them as they are (transformers loads in the config's dtype),
+    not upcast to float32 at twice the memory."""
+    from subnetdp.hf.llama import to_hf_state
+
+    run = tmp_path / "bf16"
+    args = [*TINY, "--dtype", "bf16", "--steps", "2", "--ckpt-every", "2", "--out", str(run)]
+    assert main(["train", *args]) == 0
+    assert main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf")
+    state, _ = load_model_state(run)
+    want = to_hf_state(state)
+    got = hf.state_dict()
+    assert {v.dtype for v in want.values()} == {torch.bfloat16}
+    for k, v in want.items():
+        assert got[k].dtype == torch.bfloat16 and torch.equal(got[k], v), k
+
+
 def test_eval_tasks_end_to_end(run: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
     # installed --no-deps for its data files only: found, not imported

@@ -494,10 +494,11 @@ def _verify_together(ckpt: Path, manifest: dict[str, Any], rank: int, world: int
         raise CheckpointUnusableError(first)
 
 
-def run_info(recipe: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+def run_info(recipe: Any, overrides: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """What export and eval need to rebuild the plain model: the recipe, its overrides and the
-    full model's state entries (key, shape, dtype) in the model's own order."""
+    full model's state entries (key, shape, dtype) in the model's own order. ``dtype``: the
+    master copy's, which the saved floating-point tensors have (``parallelize`` casts so)."""
     with torch.device("meta"):
-        state = recipe.build_model(**overrides).state_dict()
+        state = recipe.build_model(**overrides).to(dtype).state_dict()
     return {"recipe": recipe.name, "model_overrides": dict(overrides),
             "model_state": [[k, list(v.shape), str(v.dtype)] for k, v in state.items()]}

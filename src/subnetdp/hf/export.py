@@ -73,8 +73,12 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     state = to_hf_state(assemble_full_state(ckpt, manifest))
     extra = dict(zip(PROVENANCE, (manifest["recipe"], manifest["step"], str(ckpt)),
                      strict=True))
-    files = {"config.json": json.dumps(hf_config(model.config, eot_id=eot_id, extra=extra),
-                                       indent=2),
+    dtypes = {t.dtype for t in state.values()}
+    if len(dtypes) != 1:
+        raise ValueError(f"{ckpt} mixes parameter dtypes {sorted(map(str, dtypes))}; a Hugging "
+                         "Face folder has one (nothing was written)")
+    config = hf_config(model.config, eot_id=eot_id, dtype=dtypes.pop(), extra=extra)
+    files = {"config.json": json.dumps(config, indent=2),
              **hf_tokenizer_files(tokenizer, eot=EOT, max_length=model.config.max_seq_len)}
 
     staging = out.with_name(f".{out.name}.tmp")

@@ -44,7 +44,8 @@ def to_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {hf_key(k): v.detach().contiguous().clone() for k, v in state.items()}
 
 
-def hf_config(cfg: LlamaConfig, *, eot_id: int, extra: dict[str, Any]) -> dict[str, Any]:
+def hf_config(cfg: LlamaConfig, *, eot_id: int, dtype: torch.dtype, extra: dict[str, Any]
+              ) -> dict[str, Any]:
     """``config.json`` of a ``LlamaForCausalLM`` with ``cfg``'s shapes. ``max_position_embeddings``
     is the trained context (tools such as lm-eval truncate inputs to it); ``extra`` goes in as
     is (subnetdp's provenance keys)."""
@@ -68,7 +69,9 @@ def hf_config(cfg: LlamaConfig, *, eot_id: int, extra: dict[str, Any]) -> dict[s
         # the corpus' document separator is the only special token (see data/tokenizer.py)
         "bos_token_id": eot_id,
         "eos_token_id": eot_id,
-        "torch_dtype": "float32",
+        # the weights' own dtype: transformers loads in it by default, so a bf16 run's folder
+        # loads as bf16, not upcast (both transformers 4.x and 5.x read this key)
+        "torch_dtype": str(dtype).removeprefix("torch."),
         "use_cache": True,
         **extra,
     }
@@ -79,7 +82,8 @@ def hf_model(cfg: LlamaConfig, state: dict[str, torch.Tensor], *, eot_id: int) -
     ``state`` (our key names): what ``export --format hf`` writes, without the folder."""
     import transformers
 
-    config = transformers.LlamaConfig(**hf_config(cfg, eot_id=eot_id, extra={}))
+    config = transformers.LlamaConfig(**hf_config(cfg, eot_id=eot_id, dtype=torch.float32,
+                                                  extra={}))
     device = next(iter(state.values())).device
     with torch.device(device):
         model = transformers.LlamaForCausalLM(config).float()

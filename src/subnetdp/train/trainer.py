@@ -32,6 +32,7 @@ from subnetdp.metrics.tracking import (
     peak_flops,
 )
 from subnetdp.models import get_recipe
+from subnetdp.parallelize import storage_dtype
 from subnetdp.plan import Plan, diagnostics, worker_bytes
 from subnetdp.runtime.rank import RankModel
 from subnetdp.subnet.build import build_full_model
@@ -192,7 +193,8 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
     init = init_weights(cfg.init_from, model, rank, source) if cfg.init_from else {}
     opt, sched = make_optimizer(cfg, recipe, model)
     ckpt = Checkpointer(out, model, opt, sched, plan=plan, cfg=cfg, rank=rank, world=world,
-                        info={**run_info(recipe, overrides), "data": task.data_identity(),
+                        info={**run_info(recipe, overrides, storage_dtype(cfg.composition())),
+                              "data": task.data_identity(),
                               **init})
     start = ckpt.restore(source) if source is not None else 0
     set_timeout(cfg.collective_timeout)
