@@ -4,11 +4,16 @@ checkpointing, mixed precision); and the analytic communication adds up."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from functools import cache
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+import subnetdp
 from subnetdp.cli import main
 from subnetdp.estimate.comm import analytic_comm
 from subnetdp.estimate.memory import (
@@ -137,6 +142,24 @@ def test_state_bytes_equal_the_analytic_formula(opts: dict) -> None:
     assert r.peak_bytes == b["total"] == sum(v for k, v in b.items() if k != "total")
     assert b["activations"] > 0 and b["params"] > 0
 
+
+def test_narrow_frozen_copies_estimate_in_a_fresh_process() -> None:
+    """bb-sdp+fsdp in bf16-mixed stores its non-held (frozen) copies in bf16. Cast with
+    ``Module.to``, their fake parameters went through ``torch.utils.swap_tensors``, which
+    refused (``Couldn't swap RMSNorm.weight``) unless an earlier estimate in the same process
+    had already run those fake ops (FakeTensorMode's dispatch cache is class-wide): so in a
+    process of its own, as a standalone script, where nothing ran before."""
+    opts = {**TINY, "strategy": "bb-sdp", "fsdp": True, "dtype": "bf16-mixed", "coverage": 0.5}
+    code = ("from subnetdp.estimate.memory import estimate_memory, heaviest_rank\n"
+            "from subnetdp.estimate.spec import BenchSpec\n"
+            f"spec = BenchSpec(**{opts!r})\n"
+            "r = estimate_memory(spec, ranks=[heaviest_rank(spec)]).per_rank[0]\n"
+            "assert r.state == r.analytic, (r.state, r.analytic)\n")
+    src = str(Path(subnetdp.__file__).parents[1])  # this checkout, not an installed copy
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
 
 def test_sdp_rows_share_one_estimate_and_cover_every_rank() -> None:
     spec = BenchSpec(strategy="b-sdp", coverage=0.5, **TINY)

@@ -43,6 +43,27 @@ from subnetdp.subnet.pieces import LocalPiece, Piece, reduction_order
 from subnetdp.subnet.units import unit_modules
 
 
+def _cast_in_place(module: nn.Module, dtype: torch.dtype) -> None:
+    """``module.to(dtype)`` that keeps every parameter object (``frozen`` and the refresher
+    hold them): floating parameters get a cast ``.data``, as ``Module.to`` gives plain tensors;
+    floating buffers are replaced by cast copies, as ``Module.to`` replaces them.
+
+    Not ``Module.to`` itself: FakeTensor parameters (the estimator) take its
+    ``torch.utils.swap_tensors`` path, which refuses a new tensor that FakeTensorMode's
+    converter memo references weakly, as it does every output of an op the process's
+    dispatch cache (class-wide) has not seen yet, with these shapes and dtypes: whether
+    ``_apply(): Couldn't swap`` was raised depended on what the process had run before. A
+    dtype-only ``.data`` change is exact for FakeTensors (their device is not touched)."""
+    with torch.no_grad():
+        for m in module.modules():
+            for p in m.parameters(recurse=False):
+                if p.is_floating_point():
+                    p.data = p.data.to(dtype)
+            for name, b in m.named_buffers(recurse=False):
+                if b.is_floating_point():
+                    setattr(m, name, b.to(dtype))
+
+
 class Backend(Protocol):
     trainable: Trainable  # what the optimizer sees, and where its pieces sit
     stats: CommStats
@@ -203,7 +224,7 @@ class FSDPBackend:
             # non-held copies only ever run forward (in param_dtype): store them narrow
             for u, m in units:
                 if u not in held_set:
-                    m.to(param_dtype)
+                    _cast_in_place(m, param_dtype)
         # FSDP would reduce in param_dtype when reduce_dtype is None; we promise fp32
         if reduce_dtype is None and param_dtype is not None:
             reduce_dtype = torch.float32
