@@ -181,3 +181,15 @@ def test_slugs_follow_github() -> None:
     assert slug("Hugging Face: [init-from](init-from.md), export") == \
         "hugging-face-init-from-export"
     assert slug("snake_case names, C = 0.5") == "snake_case-names-c--05"
+
+
+def test_testing_page_lists_every_test_folder() -> None:
+    """docs/testing.md's layout table has a row for every tests/<feature>/ folder that holds
+    tests, and names no folder that does not (tests/dist/ holds helpers only)."""
+    text = (REPO / "docs" / "testing.md").read_text(encoding="utf-8")
+    rows = {m for line in text.splitlines() if line.startswith("| `tests/")
+            for m in re.findall(r"`tests/(\w+)/`", line.split(" | ")[0])}
+    folders = {d.name for d in (REPO / "tests").iterdir()
+               if d.is_dir() and any(d.glob("test_*.py"))}
+    assert rows == folders, f"in the table only: {sorted(rows - folders)}; " \
+                            f"in tests/ only: {sorted(folders - rows)}"
