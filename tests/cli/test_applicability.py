@@ -97,6 +97,7 @@ NOT_APPLYING: dict[str, tuple[dict[str, Any], Any]] = {
     "plan_file": ({"strategy": "ddp"}, "plan.json"),
     "capacities": ({"strategy": "n-sdp"}, [1.0, 0.5]),
     "memory_gb": ({"strategy": "ddp"}, [40.0, 40.0]),
+    "comm_mem_mb": ({}, 100.0),
     "neuron_groups": ({"strategy": "b-sdp"}, 4),
     "neuron_kinds": ({"strategy": "bb-sdp"}, "ffn"),
     "rotate": ({"strategy": "ddp"}, True),

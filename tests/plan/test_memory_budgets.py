@@ -3,12 +3,13 @@ refused with budgets that do work; ``subnetdp plan --memory-gb A,B,...``."""
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 
 import pytest
 
-from subnetdp.cli import main
+from subnetdp.cli import build_parser, main
 from subnetdp.estimate.hetero import GB, BudgetError, plan_for_budgets
 from subnetdp.estimate.memory import MemoryEstimate, estimate_memory
 from subnetdp.estimate.spec import BenchSpec
@@ -63,3 +64,88 @@ def test_plan_command_per_rank_budgets_errors(capsys) -> None:  # type: ignore[n
     assert "too small" in err and "--memory-gb" in err
     assert main([*args, "--memory-gb", "1,x"]) == 2
     assert "numbers separated by commas" in capsys.readouterr().err
+
+
+# llama-tiny at 2 x 32 tokens: its units about 31 MB, the rest of a rank about 21 MB; at 8 MiB
+# per communicator rank 1 of these budgets holds 3 units, at 0 (CPU, gloo) 5.
+COMMON = ["--recipe", "llama-tiny", "--seq-len", "32", "--batch-size", "2",
+          "--memory-gb", "0.064,0.042"]
+
+
+def test_train_counts_communicators_like_plan(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``train --memory-gb A,B --comm-mem-mb M`` hands its workers the plan that ``plan
+    --memory-gb A,B --comm-mem-mb M --out`` writes, for an M that changes the plan; without
+    --comm-mem-mb a CPU run counts none, as ``plan --comm-mem-mb 0`` (gloo)."""
+    import subnetdp.train.elastic as elastic
+    from subnetdp.plan import Plan
+
+    launched: list[tuple] = []
+
+    def launch(fn, cfg, *, plan=None, **kw):  # type: ignore[no-untyped-def]
+        launched.append((cfg, plan))
+        return {}
+
+    monkeypatch.setattr(elastic, "launch_shrinking", launch)
+    for given, comm in ((["--comm-mem-mb", "8"], "8"), ([], "0")):
+        saved = tmp_path / f"plan{comm}.json"
+        assert main(["plan", *COMMON, "--comm-mem-mb", comm, "--out", str(saved)]) == 0
+        assert main(["train", *COMMON, *given, "--nproc", "2", "--steps", "1", "--no-progress",
+                     "--out", str(tmp_path / f"run{comm}")]) == 0
+        cfg, plan = launched[-1]
+        assert plan == Plan.from_json(saved.read_text()), given
+        assert cfg.comm_mem_mb is None and cfg.memory_gb is None  # the plan file stands
+    counted, free = (Plan.from_json((tmp_path / f"plan{m}.json").read_text()) for m in "80")
+    assert len(counted.held_units(1)) < len(free.held_units(1))  # M changes the plan
+
+
+def test_train_counts_nccl_communicators_by_default_on_cuda(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The default per run device: DEFAULT_COMM_MB where the run's collectives are NCCL's
+    (CUDA), 0 on CPU (gloo); a value given wins on either."""
+    import subnetdp.estimate.hetero as hetero
+    import subnetdp.train.device as device
+    from subnetdp.estimate.communicators import DEFAULT_COMM_MB
+    from subnetdp.train.config import TrainConfig
+    from subnetdp.train.hetero import budget_plan
+
+    counted: list[float] = []
+
+    class Stop(Exception):
+        pass
+
+    def plan_for_budgets(spec: BenchSpec, gb: list[float]) -> None:
+        counted.append(spec.comm_mem_mb)
+        raise Stop
+
+    monkeypatch.setattr(hetero, "plan_for_budgets", plan_for_budgets)
+    monkeypatch.setattr(device, "device_name", lambda requested: requested)  # no CUDA here
+    for dev, given in (("cuda", None), ("cpu", None), ("cuda", 100.0), ("cpu", 100.0)):
+        cfg = TrainConfig(recipe="llama-tiny", nproc=2, device=dev, memory_gb=[1.0, 1.0],
+                          comm_mem_mb=given).resolved()
+        with pytest.raises(Stop):
+            budget_plan(cfg, 2)
+    assert counted == [DEFAULT_COMM_MB, 0.0, 100.0, 100.0]
+
+
+def test_comm_mem_mb_is_checked_and_recorded_alike(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """One message for a bad --comm-mem-mb from both commands; ``train`` takes it from a
+    --config file too, and a config.json written before the option loads."""
+    from subnetdp.commands.train_cmd import config_from_args
+    from subnetdp.train.config import TrainConfig
+    from subnetdp.train.config_file import load_config_file
+
+    message = "--comm-mem-mb must be >= 0 (0: communicators not counted), got -1"
+    assert main(["plan", *COMMON, "--comm-mem-mb", "-1"]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["train", *COMMON, "--comm-mem-mb", "-1", "--nproc", "2",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert message in capsys.readouterr().err
+    toml = tmp_path / "run.toml"
+    toml.write_text('recipe = "llama-tiny"\nmemory-gb = [1.0, 0.5]\ncomm-mem-mb = 8\n')
+    args = build_parser().parse_args(["train", "--config", str(toml), "--nproc", "2"])
+    assert config_from_args(args).comm_mem_mb == 8.0
+    old = tmp_path / "config.json"
+    recorded = TrainConfig(recipe="llama-tiny").to_dict()
+    del recorded["comm_mem_mb"]
+    old.write_text(json.dumps(recorded))
+    assert TrainConfig(**load_config_file(old)).comm_mem_mb is None
+    assert TrainConfig.from_dict(recorded).comm_mem_mb is None

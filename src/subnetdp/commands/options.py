@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from subnetdp.estimate.communicators import DEFAULT_COMM_MB
 from subnetdp.strategy import BASELINES, DTYPES, NAMES, SDP_NAMES, STRATEGIES, parse_label
 
 # argparse's common base of parsers, argument groups and mutually exclusive groups
@@ -50,6 +51,19 @@ def parse_model_arg(text: str) -> tuple[str, object]:
         return key, json.loads(raw)
     except json.JSONDecodeError:
         return key, raw
+
+
+COMM_MEM_HELP = ("device MiB each NCCL communicator takes, counted per rank in the estimates "
+                 "(default {default}; 0: not counted)")
+
+
+def add_comm_mem_argument(p: Container, *, default: str) -> None:
+    """``--comm-mem-mb``: what ``plan --memory-gb`` and ``train --memory-gb`` count per
+    communicator (``estimate.communicators.comm_mem_mb`` turns None into the default);
+    ``default`` says what that is, ``{mb}`` standing for NCCL's ``DEFAULT_COMM_MB``."""
+    note = default.format(mb=f"{DEFAULT_COMM_MB:g}")
+    p.add_argument("--comm-mem-mb", type=float, default=None, metavar="MB",
+                   help=COMM_MEM_HELP.format(default=note))
 
 
 def add_nproc_argument(p: Container, *, default: int | None, help: str) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from subnetdp.commands.options import (
     HelpFormatter,
     add_batch_arguments,
+    add_comm_mem_argument,
     add_composition_arguments,
     add_dtype_argument,
     add_neuron_arguments,
@@ -45,7 +46,7 @@ from subnetdp.commands.options import (
 )
 from subnetdp.estimate.cluster import DEVICES
 from subnetdp.estimate.cluster import KEYS as CLUSTER_KEYS
-from subnetdp.estimate.communicators import DEFAULT_COMM_MB
+from subnetdp.estimate.communicators import comm_mem_mb
 from subnetdp.plan import Plan, PlanError, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
 from subnetdp.plan.report import plan_report
@@ -115,10 +116,8 @@ def add_parser(subparsers: Any) -> None:
     budget.add_argument("--strategies", type=searched_strategy_list, metavar="S[,S...]",
                         help="one budget: search only these, e.g. b-sdp,ddp (baselines by "
                              "name: fsdp+ac; SDP composed by --fsdp/--ac; default: all)")
-    budget.add_argument("--comm-mem-mb", type=float, default=DEFAULT_COMM_MB, metavar="MB",
-                        help="device MiB each NCCL communicator takes, counted per rank in "
-                             f"the estimates (default {DEFAULT_COMM_MB:g}: NCCL's buffers at "
-                             "their defaults, docs/plans.md; 0: not counted)")
+    add_comm_mem_argument(budget, default="{mb}: NCCL's buffers at their defaults, "
+                                          "docs/plans.md")
     add_batch_arguments(budget, batch_size=None, seq_len=None,
                         default_note="--memory-gb: default 1 x 2048; unit costs: the "
                                      "recipe's")
@@ -326,9 +325,7 @@ def _budget(args: argparse.Namespace) -> int:
             raise ValueError(f"--memory-gb takes numbers separated by commas, got "
                              f"{args.memory_gb!r}") from None
         world = args.world if len(budgets) == 1 else len(budgets)
-        if args.comm_mem_mb < 0:
-            raise ValueError(f"--comm-mem-mb must be >= 0 (0: communicators not counted), "
-                             f"got {args.comm_mem_mb:g}")
+        comm_mb = comm_mem_mb(args.comm_mem_mb, nccl=True)  # plan plans for NCCL GPUs
         if args.recipe is None or world is None:
             raise ValueError("--memory-gb needs --recipe NAME and --nproc N")
         if args.world is not None and world != args.world:
@@ -336,7 +333,7 @@ def _budget(args: argparse.Namespace) -> int:
                              f"{args.world}; give one per worker (or one for all)")
         base = BenchSpec(recipe=args.recipe, strategy="ddp", world=world,
                          batch=args.batch_size or 1, seq=args.seq_len or 2048,
-                         dtype=args.dtype, comm_mem_mb=args.comm_mem_mb)
+                         dtype=args.dtype, comm_mem_mb=comm_mb)
         if len(budgets) > 1:
             if args.strategies:
                 raise ValueError("--strategies searches one budget; with one budget per "
@@ -407,9 +404,7 @@ def _advise(args: argparse.Namespace) -> int:
         if args.world is not None and args.world != clusters[0].world:
             raise ValueError(f"--nproc {args.world} differs from the cluster's "
                              f"{clusters[0].world} ranks; drop --nproc")
-        if args.comm_mem_mb < 0:
-            raise ValueError(f"--comm-mem-mb must be >= 0 (0: communicators not counted), "
-                             f"got {args.comm_mem_mb:g}")
+        comm_mb = comm_mem_mb(args.comm_mem_mb, nccl=True)
         if args.mfu is not None and not 0 < args.mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {args.mfu}")
         if args.peak_tflops is not None and args.peak_tflops <= 0:
@@ -429,7 +424,7 @@ def _advise(args: argparse.Namespace) -> int:
                              f"{args.memory_gb!r}") from None
         base = BenchSpec(recipe=args.recipe, strategy="ddp", world=clusters[0].world,
                          batch=args.batch_size or 1, seq=args.seq_len or 2048,
-                         dtype=args.dtype, comm_mem_mb=args.comm_mem_mb)
+                         dtype=args.dtype, comm_mem_mb=comm_mb)
         options = tuple(t for t, _ in args.strategies) if args.strategies else OPTIONS
         tables = advise(base, clusters, memory_gb=memory_gb, rate=peak * mfu,
                         coverages=coverages, options=options, overlap=not args.no_overlap)

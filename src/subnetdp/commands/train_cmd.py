@@ -13,6 +13,7 @@ from subnetdp.commands.options import (
     Container,
     HelpFormatter,
     add_batch_arguments,
+    add_comm_mem_argument,
     add_composition_arguments,
     add_device_argument,
     add_dtype_argument,
@@ -86,6 +87,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                    help="each rank's memory budget, e.g. 80,40,40,40: a balanced plan in which "
                         "every rank's estimated peak fits (made before the workers start; "
                         "default: --coverage)")
+    add_comm_mem_argument(s, default="{mb} on CUDA: NCCL's buffers at their defaults, "
+                                     "docs/plans.md; 0 on CPU, where gloo runs; like plan "
+                                     "--memory-gb")
 
     c = g["composition"]
     add_composition_arguments(c, zero=True, compile=True)

@@ -20,10 +20,16 @@ channels run over PCIe or the network, and a communicator split from the world o
 ``NCCL_COMM_SPLIT_SHARE_RESOURCES=1`` shares its parent's buffers. Where a cluster measures
 less (``benchmarks/gpu_check.sh`` measures it per extra group), give that figure
 (``--comm-mem-mb``); 0 leaves communicators out (a gloo run on CPUs).
+
+``plan --memory-gb`` and ``train --memory-gb`` count them alike (``comm_mem_mb``): the value
+given, else ``DEFAULT_COMM_MB`` where the collectives are NCCL's (``plan``, which plans for
+GPUs; a ``train`` run on CUDA) and 0 where they are gloo's (a ``train`` run on CPUs: gloo
+allocates no device buffers).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MiB = 1 << 20
@@ -50,3 +56,20 @@ DEFAULT_COMM_MB = NcclBuffers().bytes() / MiB  # 636.0
 def communicator_bytes(count: int, comm_mem_mb: float) -> int:
     """Device bytes of ``count`` communicators of ``comm_mem_mb`` MiB each."""
     return round(count * comm_mem_mb * MiB)
+
+
+def check_comm_mem_mb(mb: float) -> None:
+    """``--comm-mem-mb`` as given: a finite number of MiB >= 0 (``ValueError`` otherwise)."""
+    if not (math.isfinite(mb) and mb >= 0):
+        raise ValueError(f"--comm-mem-mb must be >= 0 (0: communicators not counted), "
+                         f"got {mb:g}")
+
+
+def comm_mem_mb(given: float | None, *, nccl: bool) -> float:
+    """MiB per communicator that a memory estimate counts ([Note: communicator memory]):
+    ``given`` (checked) when there is one, else ``DEFAULT_COMM_MB`` when the collectives are
+    NCCL's (``nccl``) and 0 when they are gloo's. ``plan`` and ``train`` both ask here."""
+    if given is None:
+        return DEFAULT_COMM_MB if nccl else 0.0
+    check_comm_mem_mb(given)
+    return float(given)

@@ -166,8 +166,9 @@ def format_budget_plan(bp: BudgetPlan) -> str:
     spec = bp.spec
     lines = [f"per-rank budgets: {spec.recipe}, {spec.world} workers, {spec.strategy}, "
              f"micro-batch {spec.batch}" + (f" x {spec.seq} tokens" if get_recipe(
-                 spec.recipe).task == "lm" else "") + f", {spec.dtype}; balanced on memory, "
-             f"checked by the estimator ({bp.rounds} round(s))",
+                 spec.recipe).task == "lm" else "") + f", {spec.dtype}, "
+             f"{spec.comm_mem_mb:g} MiB per communicator; balanced on memory, checked by the "
+             f"estimator ({bp.rounds} round(s))",
              f"{'worker':>6} {'budget GB':>10} {'capacity':>9} {'est. peak GB':>13} {'fits':>5}"]
     caps = spec.capacities or ()
     for r in bp.estimate.per_rank:

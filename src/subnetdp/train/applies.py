@@ -106,6 +106,7 @@ APPLIES: dict[str, Rule] = {
     "plan_file": Rule(lambda c: _strategy(c).is_sdp, "SDP strategies"),
     "capacities": Rule(lambda c: _strategy(c).level == "block", "block-level SDP strategies"),
     "memory_gb": Rule(lambda c: _strategy(c).level == "block", "block-level SDP strategies"),
+    "comm_mem_mb": Rule(lambda c: c.memory_gb is not None, "runs planned for --memory-gb"),
     "neuron_groups": Rule(lambda c: _strategy(c).neuron_level, "neuron-level strategies"),
     "neuron_kinds": Rule(lambda c: _strategy(c).neuron_level, "neuron-level strategies"),
     "rotate": Rule(lambda c: _strategy(c).neuron_level, "neuron-level strategies"),

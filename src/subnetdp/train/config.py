@@ -29,6 +29,10 @@ class TrainConfig:
     # workers start); either replaces --coverage, and needs a block-level SDP strategy.
     capacities: list[float] | None = None
     memory_gb: list[float] | None = None
+    # --memory-gb: MiB each NCCL communicator takes in the estimates (None: NCCL's
+    # DEFAULT_COMM_MB on CUDA, 0 on CPU, where gloo runs; estimate.communicators.comm_mem_mb,
+    # the same count as `plan --memory-gb`)
+    comm_mem_mb: float | None = None
     plan_file: str | None = None  # a plan JSON (e.g. from `subnetdp plan --json`) instead
     # n-sdp: groups per layer pair (None = neurons.default_groups: the world size or a multiple
     # of it), which pair kinds to split (None = all the model declares, e.g. "ffn,heads"),
@@ -197,6 +201,10 @@ class TrainConfig:
         parse_balance(self.balance)  # a PlanError (ValueError) that says what is allowed
         if self.capacities is not None or self.memory_gb is not None:
             _check_hetero(self)
+        if self.comm_mem_mb is not None:
+            from subnetdp.estimate.communicators import check_comm_mem_mb
+
+            check_comm_mem_mb(self.comm_mem_mb)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
         if self.max_groups is not None and (

@@ -44,15 +44,21 @@ def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
     if cfg.memory_gb is None:
         return None
     check_world(cfg, world)
+    from subnetdp.estimate.communicators import comm_mem_mb
     from subnetdp.estimate.hetero import BudgetError, format_budget_plan, plan_for_budgets
     from subnetdp.estimate.spec import BenchSpec
+    from subnetdp.train.device import device_name
 
     assert cfg.batch_size is not None
+    # the communicators count as `plan --memory-gb` counts them; the run's collectives are
+    # NCCL's on CUDA (distributed.process_group.init_distributed), gloo's on CPU
+    nccl = device_name(cfg.device) == "cuda"
     spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy_value.name, world=world,
                      batch=cfg.batch_size, seq=max(2, cfg.seq_len or 2),
                      **bench_composition(cfg), seed=cfg.seed,
                      model_args=tuple(sorted(cfg.model_args.items())),
-                     min_holders=cfg.min_holders)
+                     min_holders=cfg.min_holders,
+                     comm_mem_mb=comm_mem_mb(cfg.comm_mem_mb, nccl=nccl))
     try:
         bp = plan_for_budgets(spec, cfg.memory_gb)
     except BudgetError as e:
@@ -78,4 +84,7 @@ def write_budget_plan(cfg: TrainConfig, plan: Plan | None) -> TrainConfig:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / BUDGET_PLAN, plan.to_json() + "\n")
-    return dataclasses.replace(cfg, memory_gb=None, plan_file=str(out / BUDGET_PLAN))
+    # the plan stands for the budgets it was made for (--memory-gb, --comm-mem-mb): a replay
+    # of the recorded config.json reads it, not the budgets
+    return dataclasses.replace(cfg, memory_gb=None, comm_mem_mb=None,
+                               plan_file=str(out / BUDGET_PLAN))
