@@ -83,8 +83,21 @@ def parallelize(
     built as the holder reducer with everyone holding everything, which has exactly DDP's
     bucket-view memory (``tests/estimate/test_measured.py`` checks it against real DDP)."""
     spec = strategy if isinstance(strategy, RankSpec) else RankSpec.of(strategy, comp)
+    rank = _parallelize(model, adapter, spec, plan, torch.device(device), seed, prepare_full,
+                        find_unused_parameters, fake)
+    if spec.comp.dtype == "bf16":
+        # pure bf16: a float batch (images) meets bf16 weights, which no kernel takes; FSDP's
+        # ``cast_forward_inputs`` only casts to a ``param_dtype``, which pure bf16 has not
+        _cast_forward_inputs(rank.model, storage_dtype(spec.comp))
+    return rank
+
+
+def _parallelize(
+    model: nn.Module, adapter: UnitAdapter, spec: RankSpec, plan: Plan | None,
+    dev: torch.device, seed: int, prepare_full: Callable[[nn.Module], None] | None,
+    find_unused_parameters: bool, fake: bool,
+) -> RankModel:
     strat, comp = spec.strategy, spec.comp
-    dev = torch.device(device)
     model.to(storage_dtype(comp))  # 1. precision of storage
     if not strat.is_sdp and not comp.fsdp and (fake or comp.zero == 2):
         # ddp+zero2 is the holder reducer at full coverage with zero=2 (one gradient copy,
@@ -149,6 +162,19 @@ def _fsdp(
     return FSDPRank(full, strategy=strat, traffic=traffic,
                     param_bytes=(param.itemsize if param is not None else master),
                     reduce_bytes=(red.itemsize if red is not None else master))
+
+
+def _cast_forward_inputs(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``model``'s floating-point tensor arguments to ``dtype`` before its forward (token
+    ids and other integer inputs pass as they are)."""
+    def cast(x: Any) -> Any:
+        return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    def hook(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return tuple(map(cast, args)), {k: cast(v) for k, v in kwargs.items()}
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _autocast_forward(model: nn.Module, dtype: torch.dtype) -> None:

@@ -101,11 +101,16 @@ def test_hf_export_refusals(run: Path, hf_dir: Path, tmp_path: Path,
 def test_a_bf16_run_exports_a_bf16_folder(tmp_path: Path) -> None:
     """``--dtype bf16`` keeps bf16 master weights: the folder says so in ``config.json``, so
     ``from_pretrained`` loads them as they are (transformers loads in the config's dtype),
-    not upcast to float32 at twice the memory."""
+    not upcast to float32 at twice the memory. The run then resumes exactly from its step-1
+    checkpoint (bf16 weights and optimizer state restored bit for bit)."""
+    from safetensors.torch import load_file
+
+    from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
     from subnetdp.hf.llama import to_hf_state
+    from subnetdp.metrics.sinks import read_jsonl
 
     run = tmp_path / "bf16"
-    args = [*TINY, "--dtype", "bf16", "--steps", "2", "--ckpt-every", "2", "--out", str(run)]
+    args = [*TINY, "--dtype", "bf16", "--steps", "2", "--ckpt-every", "1", "--out", str(run)]
     assert main(["train", *args]) == 0
     assert main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
@@ -116,6 +121,21 @@ def test_a_bf16_run_exports_a_bf16_folder(tmp_path: Path) -> None:
     assert {v.dtype for v in want.values()} == {torch.bfloat16}
     for k, v in want.items():
         assert got[k].dtype == torch.bfloat16 and torch.equal(got[k], v), k
+
+    def losses() -> list[list[float]]:
+        return [[m["loss"] for m in read_jsonl(run / "metrics" / f"rank{r}.jsonl")]
+                for r in range(2)]
+
+    before = losses()
+    ckpt = list_checkpoints(run / "checkpoints")[0]
+    assert ckpt.name == "step_00000001"
+    assert {t.dtype for k, t in load_file(str(ckpt / "rank00000.safetensors")).items()
+            if k.startswith(("model/", "optim/"))} == {torch.bfloat16}
+    assert main(["train", "--resume", str(ckpt)]) == 0
+    assert losses() == before and [len(x) for x in before] == [2, 2]
+    last = list_checkpoints(run / "checkpoints")[-1]
+    again = assemble_full_state(last, read_manifest(last))
+    assert again.keys() == state.keys() and all(torch.equal(again[k], state[k]) for k in state)
 
 
 def test_eval_tasks_end_to_end(run: Path, tmp_path: Path,

@@ -108,3 +108,29 @@ def test_wrapping_in_ddp_is_refused_with_what_to_do() -> None:
     for message in run_workers(_wrap_in_ddp, 2):
         assert "do not wrap it in DistributedDataParallel" in message
         assert "accelerator.prepare()" in message
+
+
+def _pure_bf16_images(r: int, world: int) -> dict[str, Any]:
+    recipe = get_recipe("resnet18-fmnist")
+    x = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(r))  # float32
+    out = {}
+    for name, comp in [("ddp", Composition(dtype="bf16")), ("n-sdp", Composition(dtype="bf16")),
+                       ("b-sdp", Composition(dtype="bf16", fsdp=True))]:
+        with torch.device("meta"):
+            model = recipe.build_model(width=4)
+        plan = plan_for(model, recipe.adapter, get_strategy(name), world=world, coverage=0.5)
+        rank = parallelize(model, adapter=recipe.adapter, strategy=name, plan=plan, comp=comp)
+        logits = rank.model(x)
+        logits.float().sum().backward()
+        out[name] = (logits.dtype, {p.grad.dtype for p in rank.parameters()
+                                    if p.grad is not None})
+    return out
+
+
+def test_pure_bf16_casts_a_float_batch() -> None:
+    """``--dtype bf16`` image runs: the float32 batch is cast to the bf16 weights' dtype (it
+    failed in the first conv, "Input type (torch.FloatTensor) and weight type
+    (CPUBFloat16Type) should be the same"), under DDP, SDP and FSDP alike."""
+    for res in run_workers(_pure_bf16_images, 2):
+        for name, (logits, grads) in res.items():
+            assert logits == torch.bfloat16 and grads == {torch.bfloat16}, name
