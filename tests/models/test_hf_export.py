@@ -256,7 +256,7 @@ def test_init_from_round_trip_is_bit_identical(from_hf: Path, hf_dir: Path,
 
     from safetensors.torch import load_file
 
-    from subnetdp.hf.export import PROVENANCE
+    from subnetdp.hf.export import INIT_FROM, PROVENANCE
 
     again = tmp_path / "again"
     assert main(["export", str(from_hf), "--format", "hf", "--out", str(again)]) == 0
@@ -267,9 +267,9 @@ def test_init_from_round_trip_is_bit_identical(from_hf: Path, hf_dir: Path,
 
     def config(folder: Path) -> dict[str, object]:
         c = json.loads((folder / "config.json").read_text())
-        return {k: v for k, v in c.items() if k not in PROVENANCE[1:]}  # step and checkpoint
+        return {k: v for k, v in c.items() if k not in (*PROVENANCE[1:], INIT_FROM)}
 
-    assert config(again) == config(hf_dir)
+    assert config(again) == config(hf_dir)  # all but the step, checkpoint and first weights
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         assert (again / name).read_bytes() == (hf_dir / name).read_bytes()
     manifest = json.loads((from_hf / "checkpoints" / "step_00000001" / "manifest.json")
@@ -277,6 +277,9 @@ def test_init_from_round_trip_is_bit_identical(from_hf: Path, hf_dir: Path,
     sha = hashlib.sha256((hf_dir / "model.safetensors").read_bytes()).hexdigest()
     assert manifest["init_from"] == {"folder": str(hf_dir.resolve()),
                                      "weights": {"model.safetensors": sha}}
+    # the exported folder names where its run's first weights came from; a run from scratch not
+    assert json.loads((again / "config.json").read_text())[INIT_FROM] == manifest["init_from"]
+    assert INIT_FROM not in json.loads((hf_dir / "config.json").read_text())
 
 
 def _hf_copy(hf_dir: Path, to: Path, **config: object) -> Path:

@@ -17,6 +17,8 @@ from typing import Any
 
 # config.json keys recording where the weights came from (HF keeps unknown keys as attributes)
 PROVENANCE = ("subnetdp_recipe", "subnetdp_step", "subnetdp_checkpoint")
+# and, for a run started with --init-from, the folder its first weights came from (with hashes)
+INIT_FROM = "subnetdp_init_from"
 
 
 def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -73,6 +75,8 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     state = to_hf_state(assemble_full_state(ckpt, manifest))
     extra = dict(zip(PROVENANCE, (manifest["recipe"], manifest["step"], str(ckpt)),
                      strict=True))
+    if "init_from" in manifest:
+        extra[INIT_FROM] = manifest["init_from"]
     dtypes = {t.dtype for t in state.values()}
     if len(dtypes) != 1:
         raise ValueError(f"{ckpt} mixes parameter dtypes {sorted(map(str, dtypes))}; a Hugging "
