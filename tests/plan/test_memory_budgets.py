@@ -66,6 +66,22 @@ def test_plan_command_per_rank_budgets_errors(capsys) -> None:  # type: ignore[n
     assert "numbers separated by commas" in capsys.readouterr().err
 
 
+# One fake-mode estimate per spec for the train-and-plan tests, whoever asks: train and plan
+# estimate the same specs when they agree, so the second command costs no estimate.
+_shared = cache(estimate_memory)
+
+
+def _with_shared_estimates(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import subnetdp.estimate.hetero as hetero
+
+    planner = hetero.plan_for_budgets
+
+    def plan_for_budgets(base, budgets, *, estimate=None):  # type: ignore[no-untyped-def]
+        return planner(base, budgets, estimate=_shared)
+
+    monkeypatch.setattr(hetero, "plan_for_budgets", plan_for_budgets)
+
+
 # llama-tiny at 2 x 32 tokens: its units about 31 MB, the rest of a rank about 21 MB; at 8 MiB
 # per communicator rank 1 of these budgets holds 3 units, at 0 (CPU, gloo) 5.
 COMMON = ["--recipe", "llama-tiny", "--seq-len", "32", "--batch-size", "2",
@@ -86,6 +102,7 @@ def test_train_counts_communicators_like_plan(tmp_path, monkeypatch) -> None:  #
         return {}
 
     monkeypatch.setattr(elastic, "launch_shrinking", launch)
+    _with_shared_estimates(monkeypatch)
     for given, comm in ((["--comm-mem-mb", "8"], "8"), ([], "0")):
         saved = tmp_path / f"plan{comm}.json"
         assert main(["plan", *COMMON, "--comm-mem-mb", comm, "--out", str(saved)]) == 0
@@ -149,3 +166,84 @@ def test_comm_mem_mb_is_checked_and_recorded_alike(tmp_path, capsys) -> None:  #
     old.write_text(json.dumps(recorded))
     assert TrainConfig(**load_config_file(old)).comm_mem_mb is None
     assert TrainConfig.from_dict(recorded).comm_mem_mb is None
+
+
+# What train feeds its budget estimate beyond COMMON, each with the arguments of a plan
+# without it and budgets at which it changes the plan (llama-tiny at 2 x 32, 2 workers):
+# --model-arg: 4 units instead of 8; --zero 1: the optimizer state sharded, rank 1 holds 6
+# units instead of 3. --reduce-dtype bf16 (with --fsdp, bf16-mixed) halves FSDP's
+# reduce-scatter buffers, about 1 MB per rank: it moves the plan only at budgets where FSDP's
+# peak is far from the planner's linear model, so it has only a spec case below, as has
+# --bucket-cap-mb (bytes of ZeRO's buckets; the advisor's step times). --refresh-every
+# changes no estimate (the estimated step refreshes alike for every K): plan has no option.
+RUN_OPTIONS = [
+    pytest.param(["--model-arg", "n_layers=4"], [], "0.064,0.042", id="model-arg"),
+    pytest.param(["--zero", "1"], [], "0.064,0.036", id="zero"),
+]
+
+
+@pytest.mark.parametrize(("option", "without", "budgets"), RUN_OPTIONS)
+def test_train_and_plan_estimate_the_same_run(option, without, budgets, tmp_path,  # type: ignore[no-untyped-def]
+                                              monkeypatch) -> None:
+    """``train --memory-gb A,B OPTION`` hands its workers the plan that ``plan --memory-gb
+    A,B OPTION --out`` writes (a CPU run: plan's --comm-mem-mb 0), and OPTION changes it."""
+    import subnetdp.train.elastic as elastic
+    from subnetdp.plan import Plan
+
+    _with_shared_estimates(monkeypatch)
+    launched: list[Plan] = []
+
+    def launch(fn, cfg, *, plan=None, **kw):  # type: ignore[no-untyped-def]
+        launched.append(plan)
+        return {}
+
+    monkeypatch.setattr(elastic, "launch_shrinking", launch)
+    common = ["--recipe", "llama-tiny", "--seq-len", "32", "--batch-size", "2",
+              "--memory-gb", budgets]
+    plans = {}
+    for name, given in (("with", option), ("without", without)):
+        saved = tmp_path / f"{name}.json"
+        assert main(["plan", *common, *given, "--comm-mem-mb", "0", "--out", str(saved)]) == 0
+        plans[name] = Plan.from_json(saved.read_text())
+    assert main(["train", *common, *option, "--nproc", "2", "--steps", "1", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert launched == [plans["with"]]
+    assert plans["with"] != plans["without"]  # the option changes the plan
+
+
+@pytest.mark.parametrize("option", [
+    pytest.param(["--model-arg", "n_layers=4", "--model-arg", "dim=64"], id="model-arg"),
+    pytest.param(["--zero", "1", "--bucket-cap-mb", "5"], id="zero"),
+    pytest.param(["--fsdp", "--dtype", "bf16-mixed", "--reduce-dtype", "bf16", "--ac"],
+                 id="reduce-dtype"),
+])
+def test_train_and_plan_hand_the_planner_one_spec(option, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """What ``train --memory-gb A,B`` and ``plan --memory-gb A,B`` give ``plan_for_budgets``
+    is one spec, for every option train estimates with (no estimate runs)."""
+    import subnetdp.estimate.hetero as hetero
+
+    specs: list[BenchSpec] = []
+
+    def plan_for_budgets(spec, budgets, *, estimate=None):  # type: ignore[no-untyped-def]
+        specs.append(spec)
+        raise hetero.BudgetError("stop here")  # both commands refuse it in one line
+
+    monkeypatch.setattr(hetero, "plan_for_budgets", plan_for_budgets)
+    for argv in (["plan", *COMMON, *option, "--comm-mem-mb", "0"],
+                 ["train", *COMMON, *option, "--nproc", "2", "--out", str(tmp_path / "run")]):
+        assert main(argv) == 2
+    plan_spec, train_spec = specs
+    assert plan_spec == train_spec
+    assert plan_spec != BenchSpec(recipe="llama-tiny", strategy="b-sdp", world=2, batch=2,
+                                  seq=32)  # the options reached it
+
+
+def test_run_options_outside_the_estimates_are_refused(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", "--units", "8", "--nproc", "4", "--coverage", "0.5",
+                 "--model-arg", "n_layers=2"]) == 2
+    assert "--model-arg applies to the estimates (--memory-gb, --cluster)" in \
+        capsys.readouterr().err
+    assert main(["plan", "--recipe", "llama-tiny", "--nproc", "2", "--memory-gb", "1",
+                 "--zero", "1"]) == 2
+    assert "--zero compose one strategy: give one --memory-gb per worker" in \
+        capsys.readouterr().err

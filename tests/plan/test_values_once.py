@@ -113,12 +113,12 @@ def test_bench_honours_every_composition_field(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_memory_budget_is_estimated_with_the_runs_composition() -> None:
-    from subnetdp.train.hetero import bench_composition
+    from subnetdp.estimate.spec import composition_fields
 
     cfg = TrainConfig(strategy="b-sdp", fsdp=True, dtype="bf16-mixed", reduce_dtype="bf16",
                       bucket_cap_mb=5.0)
     spec = BenchSpec(recipe=cfg.recipe, strategy="b-sdp", world=2, batch=1, seq=8,
-                     **bench_composition(cfg))
+                     **composition_fields(cfg.composition()))
     assert spec.composition() == cfg.composition()
 
 

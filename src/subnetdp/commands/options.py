@@ -9,7 +9,16 @@ import argparse
 import json
 
 from subnetdp.estimate.communicators import DEFAULT_COMM_MB
-from subnetdp.strategy import BASELINES, DTYPES, NAMES, SDP_NAMES, STRATEGIES, parse_label
+from subnetdp.strategy import (
+    BASELINES,
+    DTYPES,
+    NAMES,
+    REDUCE_DTYPES,
+    SDP_NAMES,
+    STRATEGIES,
+    Composition,
+    parse_label,
+)
 
 # argparse's common base of parsers, argument groups and mutually exclusive groups
 Container = argparse._ActionsContainer
@@ -88,6 +97,17 @@ def add_batch_arguments(p: Container, *, batch_size: int | None, seq_len: int | 
 
 def add_dtype_argument(p: Container, *, default: str = "fp32") -> None:
     p.add_argument("--dtype", default=default, choices=DTYPES, help=DTYPE_HELP)
+
+
+def add_reduce_dtype_argument(p: Container) -> None:
+    p.add_argument("--reduce-dtype", default=None, choices=REDUCE_DTYPES,
+                   help="with --fsdp: the dtype gradients are averaged in (default: the master "
+                        "dtype, fp32 under bf16-mixed)")
+
+
+def add_bucket_cap_argument(p: Container, *, default: float = Composition.bucket_cap_mb) -> None:
+    p.add_argument("--bucket-cap-mb", type=float, default=default, metavar="MB",
+                   help="gradient all-reduce bucket size")
 
 
 DEVICES = ("auto", "cpu", "cuda")

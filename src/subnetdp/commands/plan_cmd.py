@@ -32,16 +32,20 @@ from typing import Any
 from subnetdp.commands.options import (
     HelpFormatter,
     add_batch_arguments,
+    add_bucket_cap_argument,
     add_comm_mem_argument,
     add_composition_arguments,
     add_dtype_argument,
+    add_model_arg_argument,
     add_neuron_arguments,
     add_nproc_argument,
     add_plan_file_argument,
     add_recipe_argument,
+    add_reduce_dtype_argument,
     add_scheme_arguments,
     add_strategy_argument,
     old_name,
+    parse_model_arg,
     searched_strategy_list,
 )
 from subnetdp.estimate.cluster import DEVICES
@@ -53,7 +57,14 @@ from subnetdp.plan.report import plan_report
 from subnetdp.plan.schedule import ADJACENT, PREFETCH, ScheduleError, plan_schedules
 from subnetdp.plan.schedule import check as check_schedule
 from subnetdp.plan.schedule import summary as schedule_summary
-from subnetdp.strategy import MASTER_BYTES, PlanSpec, Strategy, get_strategy
+from subnetdp.strategy import (
+    MASTER_BYTES,
+    Composition,
+    PlanSpec,
+    Strategy,
+    composition_of,
+    get_strategy,
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -105,7 +116,9 @@ def add_parser(subparsers: Any) -> None:
     budget = p.add_argument_group(
         "memory budget (subnetdp.estimate.budget / .hetero; needs --recipe, and --nproc "
         "with one budget)",
-        "--fsdp/--ac compose the SDP options; the baselines are listed by name (fsdp+ac, ...)")
+        "--fsdp/--ac compose the SDP options; the baselines are listed by name (fsdp+ac, "
+        "...). As train --memory-gb: --model-arg and --bucket-cap-mb (--cluster too), --zero "
+        "and --reduce-dtype (one budget per worker, with --strategy)")
     budget.add_argument("--memory-gb", metavar="GB[,GB...]",
                         help="one value: search strategies and coverages that fit in this many "
                              "GB/worker; one per worker (e.g. 80,40,40,40): a balanced plan "
@@ -119,9 +132,13 @@ def add_parser(subparsers: Any) -> None:
     add_comm_mem_argument(budget, default="{mb}: NCCL's buffers at their defaults, "
                                           "docs/plans.md")
     add_batch_arguments(budget, batch_size=None, seq_len=None,
-                        default_note="--memory-gb: default 1 x 2048; unit costs: the "
-                                     "recipe's")
-    add_composition_arguments(budget)
+                        default_note="--memory-gb: default 1 x 2048, not train's recipe "
+                                     "default; unit costs: the recipe's")
+    # what train --memory-gb estimates its run with, one definition each (commands.options)
+    add_model_arg_argument(budget)
+    add_composition_arguments(budget, zero=True)
+    add_reduce_dtype_argument(budget)
+    add_bucket_cap_argument(budget)
     adv = p.add_argument_group(
         "strategy advisor (subnetdp.estimate.advisor; needs --recipe, a language model)",
         "per strategy and coverage on a cluster: fits in --memory-gb (default: the device's), "
@@ -312,12 +329,47 @@ def _rescue_line(rep: dict) -> str:
                    "(--min-holders 2 for any)")
 
 
+# the estimates' inputs a run gives train (--model-arg, the composition): plan takes them for
+# --memory-gb and --cluster only, and the composition of one strategy only with one budget per
+# worker (one budget and --cluster search the strategies and their compositions)
+ESTIMATE_ONLY = ("--model-arg", "--zero", "--reduce-dtype", "--bucket-cap-mb")
+ONE_STRATEGY = ("--zero", "--reduce-dtype")
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """Those of ``names`` set to something other than their default (an inert default is
+    accepted everywhere)."""
+    defaults = {"--model-arg": [], "--zero": 0, "--reduce-dtype": None,
+                "--bucket-cap-mb": Composition.bucket_cap_mb}
+    return [n for n in names if getattr(args, n[2:].replace("-", "_")) != defaults[n]]
+
+
+def _run_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Composition]:
+    """--model-arg and the composition options, decoded once, as train decodes them
+    (``train_cmd.config_from_args``): the model's overrides and the run's ``Composition``."""
+    return dict(parse_model_arg(a) for a in args.model_arg), composition_of(args)
+
+
+def _search_base(args: argparse.Namespace, world: int, comm_mb: float) -> Any:
+    """The base of the searches (one budget, --cluster): the model, batch, precision and
+    buckets; the strategies and their compositions are what they search."""
+    from subnetdp.estimate.spec import BenchSpec, composition_fields
+
+    if given := _given(args, ONE_STRATEGY):
+        raise ValueError(f"{', '.join(given)} compose one strategy: give one --memory-gb per "
+                         "worker with --strategy (one budget and --cluster search the "
+                         "strategies and their compositions: --strategies, --fsdp/--ac)")
+    model_args, comp = _run_inputs(args)
+    return BenchSpec(recipe=args.recipe, strategy="ddp", world=world,
+                     batch=args.batch_size or 1, seq=args.seq_len or 2048,
+                     **composition_fields(comp.replace(fsdp=False, ac=False)),
+                     model_args=tuple(sorted(model_args.items())), comm_mem_mb=comm_mb)
+
+
 def _budget(args: argparse.Namespace) -> int:
     """``--memory-gb``: one budget, the strategies and coverages that fit
     (``estimate.budget.plan_budget``); one per worker, a balanced plan that fits them all
     (``estimate.hetero.plan_for_budgets``)."""
-    from subnetdp.estimate.spec import BenchSpec
-
     try:
         try:
             budgets = [float(x) for x in args.memory_gb.split(",") if x.strip()]
@@ -331,16 +383,14 @@ def _budget(args: argparse.Namespace) -> int:
         if args.world is not None and world != args.world:
             raise ValueError(f"--memory-gb has {len(budgets)} budgets for --nproc "
                              f"{args.world}; give one per worker (or one for all)")
-        base = BenchSpec(recipe=args.recipe, strategy="ddp", world=world,
-                         batch=args.batch_size or 1, seq=args.seq_len or 2048,
-                         dtype=args.dtype, comm_mem_mb=comm_mb)
         if len(budgets) > 1:
             if args.strategies:
                 raise ValueError("--strategies searches one budget; with one budget per "
                                  "worker, name the strategy with --strategy b-sdp or bb-sdp")
-            return _per_rank_budgets(args, base, budgets)
+            return _per_rank_budgets(args, budgets, comm_mb)
         from subnetdp.estimate.budget import format_options, plan_budget
 
+        base = _search_base(args, world, comm_mb)
         options = plan_budget(base, budgets[0], strategies=_searched(args.strategies),
                               fsdp=args.fsdp, ac=args.ac, log=_progress)
     except ValueError as e:
@@ -370,15 +420,19 @@ def _searched(strategies: list[tuple[str, str | None]] | None) -> tuple[str, ...
     return tuple(text for text, _ in strategies)
 
 
-def _per_rank_budgets(args: argparse.Namespace, base: Any, budgets: list[float]) -> int:
+def _per_rank_budgets(args: argparse.Namespace, budgets: list[float], comm_mb: float) -> int:
     """A balanced plan whose every rank fits its budget (estimator-checked), or a refusal
     (``BudgetError``, a ValueError) with the smallest budgets that would work."""
     from subnetdp.estimate.budget import Estimates
-    from subnetdp.estimate.hetero import format_budget_plan, plan_for_budgets
+    from subnetdp.estimate.hetero import budget_spec, format_budget_plan, plan_for_budgets
     from subnetdp.estimate.memory import estimate_memory
 
-    spec = base.replace(strategy=args.strategy, fsdp=args.fsdp, ac=args.ac,
-                        min_holders=args.min_holders, seed=args.seed)
+    model_args, comp = _run_inputs(args)
+    # the one builder train --memory-gb uses too (train/hetero.py: budget_plan)
+    spec = budget_spec(args.recipe, args.strategy, world=len(budgets),
+                       batch=args.batch_size or 1, seq=args.seq_len or 2048, comp=comp,
+                       model_args=model_args, seed=args.seed, min_holders=args.min_holders,
+                       comm_mem_mb=comm_mb)
     bp = plan_for_budgets(spec, budgets, estimate=Estimates(estimate_memory, _progress))
     if args.save:
         with open(args.save, "w") as f:
@@ -395,7 +449,6 @@ def _advise(args: argparse.Namespace) -> int:
     """``--cluster``: the advisor's table per cluster (``estimate.advisor``)."""
     from subnetdp.estimate.advisor import OPTIONS, advise, format_advice
     from subnetdp.estimate.cluster import parse_cluster
-    from subnetdp.estimate.spec import BenchSpec
 
     try:
         clusters = [parse_cluster(text) for text in args.cluster]
@@ -422,9 +475,7 @@ def _advise(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--cluster takes one --memory-gb for every rank, got "
                              f"{args.memory_gb!r}") from None
-        base = BenchSpec(recipe=args.recipe, strategy="ddp", world=clusters[0].world,
-                         batch=args.batch_size or 1, seq=args.seq_len or 2048,
-                         dtype=args.dtype, comm_mem_mb=comm_mb)
+        base = _search_base(args, clusters[0].world, comm_mb)
         options = tuple(t for t, _ in args.strategies) if args.strategies else OPTIONS
         tables = advise(base, clusters, memory_gb=memory_gb, rate=peak * mfu,
                         coverages=coverages, options=options, overlap=not args.no_overlap)
@@ -456,6 +507,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     if args.memory_gb is not None:
         return _budget(args)
+    if given := _given(args, ESTIMATE_ONLY):
+        print(f"subnetdp plan: error: {', '.join(given)} appl{'y' if len(given) > 1 else 'ies'}"
+              " to the estimates (--memory-gb, --cluster); drop "
+              f"{'them' if len(given) > 1 else 'it'}", file=sys.stderr)
+        return 2
     strategy = get_strategy(args.strategy)
     recipe_costs = _recipe_costs(args)
     try:

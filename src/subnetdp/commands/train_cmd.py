@@ -13,6 +13,7 @@ from subnetdp.commands.options import (
     Container,
     HelpFormatter,
     add_batch_arguments,
+    add_bucket_cap_argument,
     add_comm_mem_argument,
     add_composition_arguments,
     add_device_argument,
@@ -21,11 +22,12 @@ from subnetdp.commands.options import (
     add_neuron_arguments,
     add_plan_file_argument,
     add_recipe_argument,
+    add_reduce_dtype_argument,
     add_scheme_arguments,
     add_strategy_argument,
     parse_model_arg,
 )
-from subnetdp.strategy import OUTPUT_SCALINGS, REDUCE_DTYPES
+from subnetdp.strategy import OUTPUT_SCALINGS
 from subnetdp.train.config import TrainConfig
 
 
@@ -94,13 +96,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
     c = g["composition"]
     add_composition_arguments(c, zero=True, compile=True)
     add_dtype_argument(c, default=d.dtype)
-    c.add_argument("--reduce-dtype", default=None, choices=REDUCE_DTYPES,
-                   help="with --fsdp: the dtype gradients are averaged in (default: the master "
-                        "dtype, fp32 under bf16-mixed)")
+    add_reduce_dtype_argument(c)
     c.add_argument("--no-tf32", dest="tf32", action="store_false",
                    help="on CUDA, keep float32 matmuls in full fp32 (default: TF32)")
-    c.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb, metavar="MB",
-                   help="gradient all-reduce bucket size")
+    add_bucket_cap_argument(c, default=d.bucket_cap_mb)
 
     o = g["optim"]
     o.add_argument("--steps", type=int, default=d.steps, help="training steps")

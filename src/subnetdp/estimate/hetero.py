@@ -15,13 +15,15 @@ linear model's factor, raised step by step until the estimator accepts the plan.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from subnetdp.estimate.memory import MemoryEstimate, estimate_memory
-from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
+from subnetdp.estimate.spec import BenchSpec, composition_fields, make_bench_plan, meta_model
 from subnetdp.models import get_recipe
 from subnetdp.plan import Plan
+from subnetdp.strategy import Composition
 
 GB = 1e9
 ROUNDS = 4  # estimator checks; each lowers the capacities of the ranks that did not fit
@@ -61,6 +63,19 @@ def _unit_memory(spec: BenchSpec) -> tuple[float, float]:
                          model_args=dict(spec.model_args))
     w = [row[0] for row in costs.weights("memory")]
     return float(sum(w)), float(min(w))
+
+
+def budget_spec(recipe: str, strategy: str, *, world: int, batch: int, seq: int,
+                comp: Composition, model_args: Mapping[str, Any], seed: int,
+                min_holders: int, comm_mem_mb: float) -> BenchSpec:
+    """The spec a run's budgets are planned from (``plan_for_budgets``), built here for
+    ``train --memory-gb`` and ``plan --memory-gb A,B,...`` alike: every input of the estimate
+    is a required argument, so neither command can leave one out. ``strategy``: the SDP
+    strategy's name, composed by ``comp`` (the run's, ``composition_fields``)."""
+    return BenchSpec(recipe=recipe, strategy=strategy, world=world, batch=batch, seq=seq,
+                     **composition_fields(comp), seed=seed,
+                     model_args=tuple(sorted(model_args.items())), min_holders=min_holders,
+                     comm_mem_mb=comm_mem_mb)
 
 
 class _Short(Exception):

@@ -184,6 +184,19 @@ class BenchSpec:
         return dataclasses.replace(self, **changes)
 
 
+# Composition fields a BenchSpec does not take: the labelled torch-DDP default (a baseline's
+# label, never a run's) and torch.compile (fake mode compiles nothing: estimated as eager);
+# fsdp_prefetch: no option sets it, the spec's default is the run's
+_NOT_ESTIMATED = ("ddp_bucket_view", "fsdp_prefetch", "compile")
+
+
+def composition_fields(comp: Composition) -> dict[str, Any]:
+    """A run's composition as ``BenchSpec`` fields, the one mapping: ``train --memory-gb``
+    and ``plan --memory-gb`` estimate a run with it (``estimate.hetero.budget_spec``)."""
+    return {f.name: getattr(comp, f.name) for f in dataclasses.fields(comp)
+            if f.name not in _NOT_ESTIMATED}
+
+
 @dataclass
 class Built:
     """One rank's trainable model and optimizer, and the plan it trains (SDP; None for the

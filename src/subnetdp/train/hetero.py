@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from subnetdp.filemode import write_atomic
 from subnetdp.plan import Plan
@@ -45,20 +44,24 @@ def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
         return None
     check_world(cfg, world)
     from subnetdp.estimate.communicators import comm_mem_mb
-    from subnetdp.estimate.hetero import BudgetError, format_budget_plan, plan_for_budgets
-    from subnetdp.estimate.spec import BenchSpec
+    from subnetdp.estimate.hetero import (
+        BudgetError,
+        budget_spec,
+        format_budget_plan,
+        plan_for_budgets,
+    )
     from subnetdp.train.device import device_name
 
     assert cfg.batch_size is not None
     # the communicators count as `plan --memory-gb` counts them; the run's collectives are
     # NCCL's on CUDA (distributed.process_group.init_distributed), gloo's on CPU
     nccl = device_name(cfg.device) == "cuda"
-    spec = BenchSpec(recipe=cfg.recipe, strategy=cfg.strategy_value.name, world=world,
-                     batch=cfg.batch_size, seq=max(2, cfg.seq_len or 2),
-                     **bench_composition(cfg), seed=cfg.seed,
-                     model_args=tuple(sorted(cfg.model_args.items())),
-                     min_holders=cfg.min_holders,
-                     comm_mem_mb=comm_mem_mb(cfg.comm_mem_mb, nccl=nccl))
+    # the one builder plan --memory-gb A,B,... uses too (--compile is estimated as eager)
+    spec = budget_spec(cfg.recipe, cfg.strategy_value.name, world=world,
+                       batch=cfg.batch_size, seq=max(2, cfg.seq_len or 2),
+                       comp=cfg.composition(), model_args=cfg.model_args, seed=cfg.seed,
+                       min_holders=cfg.min_holders,
+                       comm_mem_mb=comm_mem_mb(cfg.comm_mem_mb, nccl=nccl))
     try:
         bp = plan_for_budgets(spec, cfg.memory_gb)
     except BudgetError as e:
@@ -66,14 +69,6 @@ def budget_plan(cfg: TrainConfig, world: int) -> Plan | None:
     if cfg.progress:
         print(format_budget_plan(bp))
     return bp.plan()
-
-
-def bench_composition(cfg: TrainConfig) -> dict[str, Any]:
-    """The run's composition as ``BenchSpec`` fields (the budget estimate sizes this run;
-    ``--compile`` is estimated as eager: fake mode compiles nothing)."""
-    comp = cfg.composition()
-    return {f.name: getattr(comp, f.name) for f in dataclasses.fields(comp)
-            if f.name not in ("ddp_bucket_view", "fsdp_prefetch", "compile")}
 
 
 def write_budget_plan(cfg: TrainConfig, plan: Plan | None) -> TrainConfig:
