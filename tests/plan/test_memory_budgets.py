@@ -243,6 +243,10 @@ def test_run_options_outside_the_estimates_are_refused(capsys) -> None:  # type:
                  "--model-arg", "n_layers=2"]) == 2
     assert "--model-arg applies to the estimates (--memory-gb, --cluster)" in \
         capsys.readouterr().err
+    assert main(["plan", "--units", "8", "--nproc", "4", "--coverage", "0.5", "--zero", "2",
+                 "--reduce-dtype", "bf16", "--bucket-cap-mb", "5"]) == 2
+    assert "--zero, --reduce-dtype, --bucket-cap-mb apply to the estimates" in \
+        capsys.readouterr().err
     assert main(["plan", "--recipe", "llama-tiny", "--nproc", "2", "--memory-gb", "1",
                  "--zero", "1"]) == 2
     assert "--zero compose one strategy: give one --memory-gb per worker" in \

@@ -338,10 +338,11 @@ ONE_STRATEGY = ("--zero", "--reduce-dtype")
 
 def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     """Those of ``names`` set to something other than their default (an inert default is
-    accepted everywhere)."""
-    defaults = {"--model-arg": [], "--zero": 0, "--reduce-dtype": None,
-                "--bucket-cap-mb": Composition.bucket_cap_mb}
-    return [n for n in names if getattr(args, n[2:].replace("-", "_")) != defaults[n]]
+    accepted everywhere): no --model-arg, the composition options at Composition's defaults."""
+    def default(dest: str) -> Any:
+        return [] if dest == "model_arg" else getattr(Composition(), dest)
+
+    return [n for n in names if getattr(args, d := n[2:].replace("-", "_")) != default(d)]
 
 
 def _run_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Composition]:
