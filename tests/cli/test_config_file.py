@@ -158,9 +158,21 @@ def test_every_field_with_a_wrong_type_gives_one_line(tmp_path: Path, capsys, no
 
 
 # -- versions and replays -------------------------------------------------------------------
-def test_config_json_without_version_is_version_1(tmp_path: Path) -> None:
+def test_config_json_without_version(tmp_path: Path, capsys, no_launch) -> None:
+    """Issue 41 item 4: without config_version, a file that versions 1 and 2 read differently
+    is refused in one line naming the value (it was read as version 1: bf16 became
+    bf16-mixed); one they read alike is read; a version given is followed."""
     f = tmp_path / "config.json"
-    f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16"}))
+    f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16", "steps": 3}))
+    code, err = _cli(capsys, f)
+    assert code == 2 and not no_launch and err.count("\n") == 1, err
+    assert err == (f'subnetdp train: --config {f} has no config_version, and dtype "bf16" is '
+                   '"bf16-mixed" in version 1 (a run recorded before config_version existed) '
+                   'but "bf16" in version 2 (today\'s); add "config_version": 1 or 2 to the '
+                   'file to say which it means\n')
+    f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16-mixed", "steps": 3}))
+    assert load_config_file(f) == {"recipe": "llama-tiny", "dtype": "bf16-mixed", "steps": 3}
+    f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16", "config_version": 1}))
     assert load_config_file(f)["dtype"] == "bf16-mixed"  # v1's bf16 was bf16 compute only
     f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16", "config_version": 2}))
     assert load_config_file(f)["dtype"] == "bf16"
