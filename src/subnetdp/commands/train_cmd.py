@@ -240,6 +240,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values["model_args"] = dict(parse_model_arg(a) for a in args.model_arg)
+    from_file: dict[str, Any] = {}
     if getattr(args, "config", None):
         from subnetdp.train.config_file import load_config_file, merge_config
 
@@ -255,12 +256,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if values.get("resume"):
         from subnetdp.train.resume import resume_config
 
-        if "init_from" in _explicit_options(args):
+        explicit = _explicit_options(args)
+        if "init_from" in explicit:
             raise ValueError("--init-from starts a new run from a Hugging Face folder; --resume "
                              "continues a run from its checkpoint, which holds its weights: "
                              "drop one of them")
-        cfg = resume_config(values["resume"], values, _explicit_options(args))
-        check_applicable(cfg, only=_explicit_options(args))  # the run's own values stand
+        # a config file's options are held to what a resume may change, as the command line's
+        cfg = resume_config(values["resume"], values, explicit, from_file=set(from_file),
+                            where=f"--config {getattr(args, 'config', None)}")
+        check_applicable(cfg, only=explicit | set(from_file))  # the run's own values stand
         return cfg
     values.setdefault("nproc", 4)
     cfg = TrainConfig(**values)

@@ -132,8 +132,9 @@ class TrainConfig:
     # Issue 27: a resume that goes on although the corpus changed since the run recorded it
     # (train/data_identity.py); never carried over to the next resume
     accept_new_data: bool = False
-    # 2: the shared precision words (strategy.DTYPES); configs without it are version 1, whose
-    # dtype "bf16" meant bf16 compute with fp32 master state (now "bf16-mixed")
+    # 2: the shared precision words (strategy.DTYPES); recorded configs without it are
+    # version 1, whose dtype "bf16" meant bf16 compute with fp32 master state (now
+    # "bf16-mixed"); a --config JSON file without it must read alike in both (config_file.py)
     config_version: int = 2
 
     def resolved(self) -> TrainConfig:
