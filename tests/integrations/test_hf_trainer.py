@@ -183,16 +183,18 @@ def _one_process_losses(trainer_class: Any, folder: str, **sdp: Any) -> list[flo
 
 def test_sdp_trainer_as_one_process(tmp_path: Path, no_launcher: None) -> None:
     """Issue 41, item 12: under plain ``python`` (or ``accelerate launch`` that starts one
-    process) SDPTrainer runs in a world of one: with coverage 1 it trains exactly as the
-    plain ``Trainer`` does; the default coverage 0.5 cannot give the one process every block
-    and is refused in one line that names torchrun and the keyword that makes one process
-    work (no CLI flag)."""
+    process) SDPTrainer runs in a world of one: with coverage 1 it trains as the plain
+    ``Trainer`` does (up to rounding); the default coverage 0.5 cannot give the one process
+    every block and is refused in one line that names torchrun and the keyword that makes one
+    process work (no CLI flag)."""
     from subnetdp.integrations.hf_trainer import SDPTrainer
     from subnetdp.plan import PlanError
 
     plain = _one_process_losses(transformers.Trainer, str(tmp_path / "plain"))
     one = _one_process_losses(SDPTrainer, str(tmp_path / "one"), plan=PlanSpec(coverage=1.0))
-    assert len(one) == 3 and one == plain
+    # the same steps as the plain Trainer's; only the norm's summation order may differ (the
+    # wrapper sums per block; transformers 5.3 then rounds the clip factor 1 ulp apart)
+    assert len(one) == 3 and one == pytest.approx(plain, rel=1e-6, abs=0)
     with pytest.raises(PlanError) as err:
         _one_process_losses(SDPTrainer, str(tmp_path / "half"), plan=PlanSpec(coverage=0.5))
     said = str(err.value)

@@ -37,10 +37,14 @@ import torch.distributed as dist
 from torch import nn
 
 try:
+    import transformers
     from transformers import Trainer, TrainingArguments
 except ImportError:
     raise ImportError("subnetdp.integrations.hf_trainer needs transformers: pip install "
                       "'subnetdp[hf]'") from None
+if not hasattr(Trainer, "_clip_grad_norm"):  # before 5.3 it clipped inline, by one rank's norm
+    raise ImportError(f"SDPTrainer needs transformers>=5.3 (tested: 5.3 to 5.25), found "
+                      f"{transformers.__version__}: pip install 'subnetdp[hf]'")
 
 from subnetdp.distributed.process_group import one_process_group, shutdown_distributed
 from subnetdp.integrations.hf_models import hf_decoder_adapter
