@@ -51,7 +51,8 @@ def token_ids(tmp_path: Path) -> Path:
     (["eval", "runs/none", "--limit", "5"], "--limit has no effect without --tasks"),
     ([*T, "--recipe", "resnet18-fmnist", "--eval-tasks", "arc_easy"],
      "--eval-tasks arc_easy has no effect on this run: it applies to LLaMA"),
-    ([*T, "--eval-tasks", "arc_easy,mmlu"], "unknown task(s) ['mmlu']; choose from arc_easy,"),
+    ([*T, "--eval-tasks", "arc_easy,mmlu"],
+     "unknown task(s) ['mmlu']; available: arc_challenge,arc_easy,"),
     ([*T, "--eval-limit", "8"], "--eval-limit 8 has no effect"),
     ([*T, "--data-dir", "{ids}", "--eval-tasks", "sciq"], "--eval-tasks sciq has no effect"),
 ])

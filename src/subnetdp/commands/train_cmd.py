@@ -177,8 +177,8 @@ def add_eval_task_arguments(p: Container) -> None:
     """Downstream accuracy with each validation (issue 31; docs/checkpointing.md)."""
     p.add_argument("--eval-tasks", type=_tasks, default=None, metavar="T1,T2",
                    help="LLaMA: also score the assembled model on these lm-eval tasks with "
-                        "each validation (arc_easy,boolq,hellaswag,openbookqa,sciq; metrics "
-                        "eval/<task>/acc, acc_norm; default: none)")
+                        "each validation (e.g. arc_easy,sciq; `subnetdp eval --list-tasks` "
+                        "lists them; metrics eval/<task>/acc, acc_norm; default: none)")
     p.add_argument("--eval-limit", type=int, default=None, metavar="N",
                    help="with --eval-tasks: only the first N documents of each task "
                         "(default: all)")

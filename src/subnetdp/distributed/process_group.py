@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["LAUNCHER_VARS", "default_env", "gloo_loopback", "init_distributed",
-           "shutdown_distributed", "under_launcher"]
+           "one_process_group", "shutdown_distributed", "under_launcher"]
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -79,11 +79,17 @@ def init_distributed(backend: str | None = None,
         # env:// rendezvous set up by the launcher. [Note: split communicators]
         dist.init_process_group(backend=backend, timeout=wait, device_id=device_id)
     else:
-        # An in-memory store: no port to pick and nothing shared with other runs.
-        with default_env(**gloo_loopback()):
-            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
-                                    world_size=1, timeout=wait, device_id=device_id)
+        one_process_group(backend, timeout=wait, device_id=device_id)
     return dist.get_rank(), dist.get_world_size()
+
+
+def one_process_group(backend: str, *, timeout: timedelta | None = None,
+                      device_id: torch.device | None = None) -> None:
+    """The default group of a world of one, for a process that no launcher started."""
+    # An in-memory store: no port to pick and nothing shared with other runs.
+    with default_env(**gloo_loopback()):
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
+                                world_size=1, timeout=timeout, device_id=device_id)
 
 
 def shutdown_distributed() -> None:

@@ -302,7 +302,7 @@ class TrainConfig:
                     f"needs {EOT} in the tokenizer; {self.tokenizer} has none: add it to its "
                     "added_tokens, or drop --eval-tasks")
         try:
-            check_available()  # before any worker starts, not at the first evaluation
+            check_available(self.eval_tasks)  # before any worker starts, not at an evaluation
         except LmEvalMissingError as e:  # an ImportError: the error boundary reads ValueError
             bad(str(e))
 
