@@ -55,6 +55,17 @@ def test_sigbus_names_the_mapped_file_not_an_outside_kill(code: int) -> None:
     assert len(summary.splitlines()) == 1
 
 
+def test_the_launcher_knows_the_files_the_workers_map(tmp_path: Path) -> None:
+    """What a SIGBUS line names: the LM task's token files (an image task maps none)."""
+    from subnetdp.train.config import TrainConfig
+    from subnetdp.train.tasks import make_task
+
+    (np.arange(4000) % 300).astype(np.uint16).tofile(tmp_path / "train.bin")
+    (tmp_path / "meta.json").write_text(json.dumps({"vocab_size": 300, "dtype": "uint16"}))
+    cfg = TrainConfig(data_dir=str(tmp_path), out=str(tmp_path / "run")).resolved()
+    assert make_task(cfg).mapped_files() == [str(tmp_path / "train.bin")]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGILL, signal.SIGFPE])
 def test_a_native_crash_is_not_blamed_on_the_outside(sig: signal.Signals) -> None:
     e = WorkerFailedError("...", {1: (-sig, f"Signal {int(sig)} ({sig.name}) received by PID 7")})
