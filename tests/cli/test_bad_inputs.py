@@ -171,6 +171,8 @@ CASES: list[tuple[str, list[str], str]] = [
                              "--capacities", "a,b"], "capacit"),
     ("plan-memory-gb-bad", ["plan", "--recipe", "llama-tiny", "--world", "2", "--coverage",
                             "0.5", "--memory-gb", "lots"], "memory"),
+    ("plan-memory-gb-nan", ["plan", "--recipe", "llama-tiny", "--world", "2", "--memory-gb",
+                            "nan,nan"], "--memory-gb takes finite budgets > 0 GB, got nan,nan"),
     ("plan-save-unwritable", ["plan", "--units", "4", "--world", "2", "--coverage", "0.5",
                               "--save", "{d}/not-json.json/p.json"], "p.json"),
     # -- bench
