@@ -121,7 +121,7 @@ def test_a_worker_on_a_full_disk_is_reported_by_its_own_error(
     try:
         with pytest.raises(WorkerFailedError) as info:
             launch(_fill_then_fail, (str(disk),), nproc=1, run_id="full-disk",
-                   log_dir=str(disk / "logs"))
+                   log_dir=str(disk / "logs"), start_method="fork")  # no torch to import
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
     assert info.value.summary == (
