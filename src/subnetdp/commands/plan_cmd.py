@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -377,6 +378,8 @@ def _budget(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--memory-gb takes numbers separated by commas, got "
                              f"{args.memory_gb!r}") from None
+        if not all(math.isfinite(b) and b > 0 for b in budgets):
+            raise ValueError(f"--memory-gb takes finite budgets > 0 GB, got {args.memory_gb}")
         world = args.world if len(budgets) == 1 else len(budgets)
         comm_mb = comm_mem_mb(args.comm_mem_mb, nccl=True)  # plan plans for NCCL GPUs
         if args.recipe is None or world is None:

@@ -151,7 +151,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                    metavar="S", help="stop the run when a collective waits S seconds for a "
                                      "peer, naming the rank that hung (also bounds worker "
                                      "start-up; evaluation and checkpoint writes get longer; "
-                                     "default %(default)g)")
+                                     "default %(default)g, at most 604800: a week)")
 
     lg = g["log"]
     lg.add_argument("--log-every", type=int, default=d.log_every, metavar="N",

@@ -107,6 +107,9 @@ def _llama_config(raw: dict[str, Any], where: str) -> LlamaConfig:
     def need(name: str) -> Any:
         if name not in raw:
             raise ValueError(f"{where}: config.json has no {name}")
+        if isinstance(raw[name], bool) or not isinstance(raw[name], int) or raw[name] < 1:
+            raise ValueError(f"{where}: config.json has {name} {raw[name]!r}; it must be a "
+                             "whole number > 0")
         return raw[name]
 
     dim, heads = int(need("hidden_size")), int(need("num_attention_heads"))
@@ -205,14 +208,18 @@ def _expected(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _check_tensors(weights: tuple[Path, ...], cfg: LlamaConfig, where: str) -> None:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     found: dict[str, tuple[int, ...]] = {}
     for file in weights:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                found[name] = tuple(f.get_slice(name).get_shape())
-                _check_floating(name, f.get_slice(name).get_dtype(), file, where)
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                    found[name] = tuple(f.get_slice(name).get_shape())
+                    _check_floating(name, f.get_slice(name).get_dtype(), file, where)
+        except (SafetensorError, OSError) as e:  # a bad header or size: in its words
+            raise ValueError(f"{where}: {file.name} cannot be read as safetensors ({e}); it "
+                             "is truncated or not a weights file: copy or save it again") from e
     # older transformers saved each layer's RoPE frequencies; our model derives them
     found = {k: v for k, v in found.items() if not k.endswith("rotary_emb.inv_freq")}
     want = _expected(cfg)

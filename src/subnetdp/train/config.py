@@ -12,6 +12,10 @@ from typing import Any
 from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
 from subnetdp.strategy import Composition, PlanSpec, RankSpec, Strategy, composition_of
 
+# The longest --collective-timeout: a week, already without practical bound. Far beyond, the
+# waits it sets (timedelta, the OS's timed waits; 6x for slow phases) overflow in the workers.
+MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
+
 
 @dataclass
 class TrainConfig:
@@ -232,15 +236,18 @@ class TrainConfig:
                             ("--weight-decay", self.weight_decay)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 bad(f"{flag} must be a finite number >= 0 (0 = off), got {value}")
+        for key, value in self.model_args.items():  # JSON and TOML both read nan and inf
+            if isinstance(value, float) and not math.isfinite(value):
+                bad(f"--model-arg {key}={value}: not a finite number; give a finite {key}")
         if self.seed < 0:  # numpy's generators refuse negative seeds
             bad(f"--seed must be >= 0, got {self.seed}")
         if self.vocab_size is not None and self.vocab_size < 2:
             bad(f"--vocab-size must be >= 2, got {self.vocab_size}")
         if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
             bad(f"--bucket-cap-mb must be a finite number > 0, got {self.bucket_cap_mb}")
-        if not (math.isfinite(self.collective_timeout) and self.collective_timeout > 0):
-            bad(f"--collective-timeout must be a finite number of seconds > 0, got "
-                f"{self.collective_timeout}")
+        if not 0 < self.collective_timeout <= MAX_COLLECTIVE_TIMEOUT_S:
+            bad(f"--collective-timeout must be a number of seconds in (0, "
+                f"{MAX_COLLECTIVE_TIMEOUT_S:g}] (a week), got {self.collective_timeout:g}")
         if self.device not in ("auto", "cpu", "cuda"):
             bad(f"--device must be auto, cpu or cuda, got {self.device!r}")
         if self.log_every < 1:
@@ -379,8 +386,8 @@ def _check_hetero(cfg: TrainConfig) -> None:
     if not strategy.is_sdp or strategy.neuron_level:
         raise ValueError(f"{name} needs block units (--strategy b-sdp or bb-sdp), not "
                          f"{strategy.name}")
-    if not values or min(values) <= 0:
-        raise ValueError(f"{name} needs one positive value per worker, got {values}")
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"{name} needs one finite positive value per worker, got {values}")
     if cfg.capacities is not None and max(cfg.capacities) > 1:
         raise ValueError(f"--capacities are shares of the units' cost, in (0, 1]; got "
                          f"{cfg.capacities}")

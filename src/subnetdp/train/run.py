@@ -54,6 +54,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
         check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
     plan = None  # under torchrun every worker makes its own
+    mapped: list[str] = []  # the files the workers memory-map, named if one dies of SIGBUS
     if not under_launcher():
         from subnetdp.train.validate import preflight
 
@@ -65,6 +66,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         # and folder are checked on the meta device (train/validate.py)
         task = make_task(cfg, recorded_data(cfg))
         plan = preflight(cfg, task, budget_plan(cfg, cfg.nproc))
+        mapped = task.mapped_files()
         # Refuse a damaged checkpoint or one for another world before anything is written.
         if cfg.resume:
             preflight_resume(cfg)
@@ -103,8 +105,12 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
                     start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout),
                     hold_fd=lock)
         except WorkerFailedError as e:
-            e.log = str(logs / "failure.log")  # the tracebacks; the user sees e.summary
-            write_atomic(e.log, str(e) + "\n")
+            e.mapped = mapped
+            # the tracebacks, named in the line the user sees (e.summary); on a full disk that
+            # line names the workers' error without them
+            with contextlib.suppress(OSError):
+                write_atomic(logs / "failure.log", str(e) + "\n")
+                e.log = str(logs / "failure.log")
             raise
     stopped = [r["error"] for r in results.values() if isinstance(r, dict) and "error" in r]
     if stopped:
