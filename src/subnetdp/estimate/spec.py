@@ -261,8 +261,8 @@ def optimizer_for(rank: RankModel, recipe: Recipe, *,
     elsewhere the per-tensor loop (``foreach=False``), whose temporaries (one parameter's
     size) the estimator models the same way on every device."""
     params = list(rank.parameters())
-    impl = (fast_path(params, device_type=torch.device(device).type) if params else {}) \
-        or {"foreach": False}
+    impl: dict[str, Any] = (fast_path(params, device_type=torch.device(device).type)
+                            if params else {}) or {"foreach": False}
     if optimizer_states(recipe.name) < 2:  # the image recipes train with SGD
         return rank.optimizer(torch.optim.SGD, lr=1e-4, **impl,
                               momentum=float(recipe.defaults.get("momentum", 0.9)))
