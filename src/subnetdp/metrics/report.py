@@ -6,6 +6,7 @@ No torch: the CLI, the quality study and the benchmarks format summaries read ba
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -62,8 +63,25 @@ def format_summary(summary: dict[str, Any]) -> str:
         line("step time", "step_time", lambda x: f"{x:.3f} s", "median"),
         *([f"  wall time (train)  {v['train_time']:.1f} s (training loop, slowest rank)"]
           if math.isfinite(v["train_time"]) else []),
+        *downstream_lines(summary),
     ]
     return "\n".join(lines)
+
+
+_DOWNSTREAM = re.compile(r"eval/(?P<task>.+)/(?P<metric>acc|acc_norm)")
+
+
+def downstream_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per task that ``--eval-tasks`` scored (``eval/<task>/acc``, ``acc_norm``)."""
+    tasks: dict[str, dict[str, float]] = {}
+    for key, value in summary.items():
+        m = _DOWNSTREAM.fullmatch(key)
+        if m is not None:
+            tasks.setdefault(m["task"], {})[m["metric"]] = float(value)
+    limit = summary.get("config", {}).get("eval_limit")
+    note = f"first {limit} documents" if limit else "all documents"
+    return [f"  {task:<18} " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(scores.items()))
+            + f" ({note})" for task, scores in sorted(tasks.items())]
 
 
 def label(summary: dict[str, Any]) -> str:
