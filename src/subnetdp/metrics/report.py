@@ -64,8 +64,19 @@ def format_summary(summary: dict[str, Any]) -> str:
         *([f"  wall time (train)  {v['train_time']:.1f} s (training loop, slowest rank)"]
           if math.isfinite(v["train_time"]) else []),
         *downstream_lines(summary),
+        *_checkpoint_line(summary),
     ]
     return "\n".join(lines)
+
+
+def _checkpoint_line(summary: dict[str, Any]) -> list[str]:
+    """Where the trained model is (``subnetdp export``/``eval`` read it), or why it is not."""
+    if "checkpoint" not in summary:  # a summary from before runs recorded it
+        return []
+    path = summary["checkpoint"]
+    shown = (f"{path} (subnetdp eval / export read it)" if path is not None
+             else f"none ({summary.get('checkpoint_note', 'not saved')})")
+    return [f"  checkpoint         {shown}"]
 
 
 _DOWNSTREAM = re.compile(r"eval/(?P<task>.+)/(?P<metric>acc|acc_norm)")

@@ -72,6 +72,9 @@ class TrainConfig:
     # the newest checkpoint).
     ckpt_every: int = 0
     ckpt_keep: int = 3
+    # final_ckpt = also save the state at the end of the run, with or without ckpt_every (what
+    # export, eval and a longer --resume read); False: --no-final-ckpt
+    final_ckpt: bool = True
     resume: str | None = None
     max_restarts: int = 0
     # Run folder and re-planning: overwrite = replace an earlier run's files in out
@@ -190,6 +193,21 @@ class TrainConfig:
     def label(self, coverage: float | None = None) -> str:
         """The run's name in summary.json and reports (``strategy.label``)."""
         return self.rank_spec.label(coverage)
+
+    @property
+    def checkpoints_unbuilt(self) -> str | None:
+        """The baseline whose checkpoints are not built, when this run is one (else None)."""
+        if self.strategy_value.is_sdp:
+            return None
+        if self.fsdp:
+            return "the plain FSDP2 baseline (ddp with --fsdp)"
+        return "ddp --zero 1 (torch's ZeroRedundancyOptimizer)" if self.zero == 1 else None
+
+    @property
+    def save_final(self) -> bool:
+        """Save the run's state at its end: ``final_ckpt``, where checkpoints are built (the
+        two baselines that have none save nothing by default)."""
+        return self.final_ckpt and self.checkpoints_unbuilt is None
 
     def validate(self, task: str) -> None:
         def bad(msg: str) -> None:
