@@ -65,8 +65,21 @@ def format_summary(summary: dict[str, Any]) -> str:
           if math.isfinite(v["train_time"]) else []),
         *downstream_lines(summary),
         *_checkpoint_line(summary),
+        *_numerics_line(summary),
     ]
     return "\n".join(lines)
+
+
+def _numerics_line(summary: dict[str, Any]) -> list[str]:
+    """The kernels the figures came from ([Note: figures that repeat on one machine])."""
+    n = summary.get("numerics")
+    if not n:
+        return []
+    threads = f"{n['threads']} thread{'s' if n['threads'] != 1 else ''}"
+    mkl = f", MKL {n['mkl']}" if n.get("mkl") else ""
+    gpu = f", {n['gpu']}" if n.get("gpu") else ""
+    return [f"  kernels            {n['cpu_capability']} on {n['cpu']}, {threads}, torch "
+            f"{n['torch']}{mkl}{gpu} (summary.json numerics)"]
 
 
 def _checkpoint_line(summary: dict[str, Any]) -> list[str]:

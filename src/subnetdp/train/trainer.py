@@ -21,6 +21,7 @@ from subnetdp.distributed.timeouts import naming_silent_ranks, set_timeout, slow
 from subnetdp.hf.tokenizer import save_run_tokenizer
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.metrics.memory import measure_step_memory
+from subnetdp.metrics.numerics import numerics
 from subnetdp.metrics.progress import Progress
 from subnetdp.metrics.sinks import JsonlSink, rank_jsonl_path, val_jsonl_path, write_json_atomic
 from subnetdp.metrics.tracking import (
@@ -320,7 +321,10 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
     if rank == 0:
         assert gathered is not None
         summary = {**_summary(cfg, plan, world, gathered, evaluation, task.items_per_batch),
-                   **_checkpoint_record(cfg, saved)}
+                   **_checkpoint_record(cfg, saved),
+                   # rank 0's kernels, which also computed the validation ([Note: figures that
+                   # repeat on one machine])
+                   "numerics": numerics(device)}
         write_json_atomic(out / "summary.json", summary)
     return stats
 
