@@ -51,7 +51,7 @@ def numerics(device: torch.device) -> dict[str, Any]:
 def _cpu() -> tuple[str, list[str]]:
     """The CPU's model name and vector extensions (``/proc/cpuinfo`` on Linux; elsewhere the
     platform's word and no flags)."""
-    model, flags = "", []
+    model, flags = "", list[str]()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
