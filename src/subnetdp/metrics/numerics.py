@@ -8,7 +8,7 @@ ATen's vectorised kernels pick the widest instruction set the CPU has (AVX512, A
 ``ATEN_CPU_CAPABILITY`` caps it), MKL's matrix products pick their own code branch
 (``MKL_CBWR`` fixes one), and a kernel's thread count changes how it splits its sums. Over
 hundreds of steps those bits grow into the third decimal of a validation loss (the demo's DDP
-loss: 4.8088 to 4.8115 across instruction sets, docs/benchmarks.md#the-demo). So the run
+loss: 4.8088 to 4.8115 across instruction sets, docs/benchmarks.md#demo-kernels). So the run
 records what it computed with; two runs whose records match give the same figures.
 """
 
