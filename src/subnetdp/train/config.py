@@ -66,10 +66,10 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0
     progress: bool = True
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"width": 16}
-    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps and at the end (0 = never),
-    # keeping the newest ckpt_keep; resume = a run folder or one of its checkpoints;
-    # max_restarts = times torch elastic restarts a failed worker group (it then resumes from
-    # the newest checkpoint).
+    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps (0 = none but the final
+    # one, final_ckpt below), keeping the newest ckpt_keep; resume = a run folder or one of its
+    # checkpoints; max_restarts = times torch elastic restarts a failed worker group (it then
+    # resumes from the newest checkpoint).
     ckpt_every: int = 0
     ckpt_keep: int = 3
     # final_ckpt = also save the state at the end of the run, with or without ckpt_every (what
@@ -265,7 +265,8 @@ class TrainConfig:
         if self.eval_batches < 1:
             bad(f"--eval-batches must be >= 1, got {self.eval_batches}")
         if self.ckpt_every < 0:
-            bad(f"--ckpt-every must be >= 0 (0 = no checkpoints), got {self.ckpt_every}")
+            bad(f"--ckpt-every must be >= 0 (0: only the final checkpoint), got "
+                f"{self.ckpt_every}")
         if self.ckpt_keep < 1:
             bad(f"--ckpt-keep must be >= 1, got {self.ckpt_keep}")
         if self.max_restarts < 0:
