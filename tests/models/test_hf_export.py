@@ -413,3 +413,14 @@ def test_init_pieces_read_slices(hf_dir: Path) -> None:
     assert torch.equal(pieces["layers.1.attn.wq.weight@0:16:48"], full[16:48])
     assert torch.equal(pieces["layers.1.attn.wq.weight@1:8:24"], full[:, 8:24])
     assert "layers.1.attn.wq.weight@0:0:16" in pieces and "nope.weight" not in pieces
+
+
+def test_the_printed_summary_shows_the_scores_eval_tasks_logged(run: Path) -> None:
+    """Issue 41 item 11: what ``train --eval-tasks`` prints at the end holds its scores."""
+    from subnetdp.metrics.report import format_summary
+
+    summary = json.loads((run / "summary.json").read_text())
+    text = format_summary(summary)
+    for task in ("arc_easy", "sciq"):
+        acc, norm = summary[f"eval/{task}/acc"], summary[f"eval/{task}/acc_norm"]
+        assert f"  {task:<18} acc {acc:.4f}, acc_norm {norm:.4f} (first 8 documents)" in text

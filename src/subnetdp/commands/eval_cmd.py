@@ -71,12 +71,14 @@ TASKS_ONLY = ("limit", "out")
 
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
+    from subnetdp.distributed.process_group import set_threads
 
     given = [f"--{name}" for name in TASKS_ONLY if getattr(args, name) is not None]
     if args.tasks is None and given:
         print(f"subnetdp eval: {given[0]} has no effect without --tasks (it applies to "
               "downstream evaluation only); drop it, or add --tasks", file=sys.stderr)
         return 2
+    set_threads()  # as train's workers compute: the same figures, and no oversubscription
     if args.tasks is not None:
         return run_downstream(args)
     from subnetdp.train.evaluation import evaluate_path

@@ -117,7 +117,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
 
     k = g["ckpt"]
     k.add_argument("--ckpt-every", type=int, default=d.ckpt_every, metavar="N",
-                   help="write a sharded checkpoint every N steps and at the end (0: never)")
+                   help="also write a sharded checkpoint every N steps (0: only the final "
+                        "one)")
+    k.add_argument("--no-final-ckpt", dest="final_ckpt", action="store_false", default=None,
+                   help="do not save the state at the end of the run (default: saved, so "
+                        "that export, eval and --resume --steps can use it)")
     k.add_argument("--ckpt-keep", type=int, default=d.ckpt_keep, metavar="K",
                    help="keep the newest K checkpoints")
     k.add_argument("--max-restarts", type=int, default=d.max_restarts,

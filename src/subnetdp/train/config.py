@@ -70,12 +70,15 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0
     progress: bool = True
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"width": 16}
-    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps and at the end (0 = never),
-    # keeping the newest ckpt_keep; resume = a run folder or one of its checkpoints;
-    # max_restarts = times torch elastic restarts a failed worker group (it then resumes from
-    # the newest checkpoint).
+    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps (0 = none but the final
+    # one, final_ckpt below), keeping the newest ckpt_keep; resume = a run folder or one of its
+    # checkpoints; max_restarts = times torch elastic restarts a failed worker group (it then
+    # resumes from the newest checkpoint).
     ckpt_every: int = 0
     ckpt_keep: int = 3
+    # final_ckpt = also save the state at the end of the run, with or without ckpt_every (what
+    # export, eval and a longer --resume read); False: --no-final-ckpt
+    final_ckpt: bool = True
     resume: str | None = None
     max_restarts: int = 0
     # Run folder and re-planning: overwrite = replace an earlier run's files in out
@@ -196,6 +199,21 @@ class TrainConfig:
         """The run's name in summary.json and reports (``strategy.label``)."""
         return self.rank_spec.label(coverage)
 
+    @property
+    def checkpoints_unbuilt(self) -> str | None:
+        """The baseline whose checkpoints are not built, when this run is one (else None)."""
+        if self.strategy_value.is_sdp:
+            return None
+        if self.fsdp:
+            return "the plain FSDP2 baseline (ddp with --fsdp)"
+        return "ddp --zero 1 (torch's ZeroRedundancyOptimizer)" if self.zero == 1 else None
+
+    @property
+    def save_final(self) -> bool:
+        """Save the run's state at its end: ``final_ckpt``, where checkpoints are built (the
+        two baselines that have none save nothing by default)."""
+        return self.final_ckpt and self.checkpoints_unbuilt is None
+
     def validate(self, task: str) -> None:
         def bad(msg: str) -> None:
             raise ValueError(msg)
@@ -255,7 +273,8 @@ class TrainConfig:
         if self.eval_batches < 1:
             bad(f"--eval-batches must be >= 1, got {self.eval_batches}")
         if self.ckpt_every < 0:
-            bad(f"--ckpt-every must be >= 0 (0 = no checkpoints), got {self.ckpt_every}")
+            bad(f"--ckpt-every must be >= 0 (0: only the final checkpoint), got "
+                f"{self.ckpt_every}")
         if self.ckpt_keep < 1:
             bad(f"--ckpt-keep must be >= 1, got {self.ckpt_keep}")
         if self.max_restarts < 0:

@@ -50,7 +50,8 @@ __all__ = [
 
 # Options a resumed run may change: they do not touch the model, the data or the optimiser's
 # maths (``steps`` extends the run; the cosine schedule is then computed for the new length).
-RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "max_restarts",
+RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "final_ckpt",
+                                "max_restarts",
                                 "eval_batches", "memory_step", "log_every", "resume",
                                 "min_nproc", "rescue", "collective_timeout",
                                 # watching the run (metrics/tracking.py)

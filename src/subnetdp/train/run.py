@@ -38,7 +38,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.distributed.launch import WorkerFailedError
     from subnetdp.distributed.process_group import under_launcher
     from subnetdp.filemode import check_no_links, folder_id, write_atomic
-    from subnetdp.metrics.progress import LiveBar
+    from subnetdp.metrics.progress import LiveBar, draws_bar
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
     from subnetdp.train.resume import (
@@ -91,9 +91,9 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
                     worker=under_launcher())
         cfg = write_budget_plan(cfg, plan)
         run_id = f"subnetdp-{int(time.time())}"
-        # on a terminal this process draws rank 0's progress as a live bar; else its lines
-        # are echoed here (tee) as they are
-        live = say is not None and sys.stdout.isatty()
+        # on a terminal this process draws rank 0's progress as a live bar; else (a pipe, a
+        # file, a terminal of zero columns) its lines are echoed here (tee) as they are
+        live = say is not None and draws_bar(sys.stdout)
         if say:
             say(f"starting {cfg.nproc} workers (their logs: {logs}) ...")
         try:
