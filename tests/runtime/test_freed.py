@@ -28,7 +28,6 @@ import torch
 import torch._dynamo
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -39,6 +38,7 @@ from subnetdp.parallelize import parallelize
 from subnetdp.runtime.rank import RankModel
 from subnetdp.strategy import Composition, PlanSpec, RankSpec
 from subnetdp.subnet.planning import build_plan
+from tests.dist.tensors import describe, live_tensors, nbytes
 
 # llama-tiny, small (the composition tests' shape, 2 layers); resnet18-fmnist narrow: its
 # BatchNorm weights are the parameters nb-sdp holds in part without held_grad's slicing
@@ -127,34 +127,8 @@ def _cycle(case: tuple[str, dict[str, Any], str, int], steps: int) -> list[weakr
     return _weak(rank, opt)
 
 
-def _nbytes(t: torch.Tensor) -> int | None:
-    """The bytes of ``t``'s storage; None for a tensor without memory (the fake and functional
-    tensors that tracing makes, meta tensors)."""
-    if isinstance(t, FakeTensor) or t.is_meta:
-        return None
-    try:
-        t.untyped_storage().data_ptr()
-    except RuntimeError:  # "Cannot access data pointer of Tensor (e.g. FakeTensor, ...)"
-        return None
-    return t.untyped_storage().nbytes()
-
-
-def _live() -> list[torch.Tensor]:
-    """Live tensors with memory."""
-    gc.collect()
-    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and _nbytes(o) is not None]
-
-
 def _new(before: set[int]) -> list[torch.Tensor]:
-    return [t for t in _live() if id(t) not in before]
-
-
-def _describe(tensors: list[torch.Tensor]) -> str:
-    """Each tensor's shape and dtype, what holds it, and its bytes in all."""
-    held = [f"{tuple(t.shape)} {t.dtype} in "
-            f"{sorted({type(r).__name__ for r in gc.get_referrers(t) if r is not tensors})}"
-            for t in tensors[:5]]
-    return f"{len(tensors)} tensors, {sum(_nbytes(t) or 0 for t in tensors)} bytes: {held}"
+    return [t for t in live_tensors() if id(t) not in before]
 
 
 def _mesh_table(t: torch.Tensor, *besides: object) -> bool:
@@ -176,19 +150,19 @@ def _check_dropped(cycle: Any) -> None:
     gc.collect()
     gc.freeze()  # what lived before is left out of every collection and count: fast
     try:
-        before = {id(t) for t in _live()}
+        before = {id(t) for t in live_tensors()}
         refs = cycle(1)
         assert not _alive(refs), f"alive after the first build: {_alive(refs)}"
         new = _new(before)
-        left = [t for t in new if _nbytes(t) and not _mesh_table(t, new)]
-        assert not left, f"the first build left {_describe(left)}"
+        left = [t for t in new if nbytes(t) and not _mesh_table(t, new)]
+        assert not left, f"the first build left {describe(left)}"
         del new, left
-        warm = {id(t) for t in _live()}
+        warm = {id(t) for t in live_tensors()}
         for steps in (0, 1):
             refs = cycle(steps)
             assert not _alive(refs), f"alive after a build with {steps} steps: {_alive(refs)}"
             left = _new(warm)
-            assert not left, f"a build with {steps} steps left {_describe(left)}"
+            assert not left, f"a build with {steps} steps left {describe(left)}"
     finally:
         gc.unfreeze()
 
