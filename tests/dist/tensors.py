@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -29,6 +32,22 @@ def live_tensors() -> list[torch.Tensor]:
 def live_bytes() -> int:
     """The bytes of the live tensors' distinct storages."""
     return sum({t.untyped_storage().data_ptr(): nbytes(t) or 0 for t in live_tensors()}.values())
+
+
+T = TypeVar("T")
+
+
+def settled(ask: Callable[[], T], good: Callable[[T], bool]) -> T:
+    """``ask()``, asked again after short waits while its answer is not ``good`` (a second at
+    most): gloo's threads drop a finished collective's tensors in their own time (seen once,
+    on a loaded machine: DDP's flat bucket, alive just after a step, gone a moment later)."""
+    for _ in range(20):
+        answer = ask()
+        if good(answer):
+            return answer
+        del answer
+        time.sleep(0.05)
+    return ask()
 
 
 def describe(tensors: list[torch.Tensor]) -> str:

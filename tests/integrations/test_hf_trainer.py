@@ -26,7 +26,7 @@ import transformers
 
 from subnetdp.strategy import PlanSpec
 from tests.dist.harness import run_workers
-from tests.dist.tensors import live_bytes
+from tests.dist.tensors import live_bytes, settled
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -125,7 +125,7 @@ def _live_bytes_over_trainings(folder: str) -> list[int]:
     sizes = [live_bytes()]
     for i in range(2):
         _trainer(f"{folder}/again{i}", 2, []).train()
-        sizes.append(live_bytes())
+        sizes.append(settled(live_bytes, lambda b: b == sizes[0]))
     return sizes
 
 

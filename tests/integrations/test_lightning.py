@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from subnetdp.strategy import PlanSpec
 from tests.dist.harness import run_workers
-from tests.dist.tensors import live_bytes
+from tests.dist.tensors import live_bytes, settled
 from tests.dist.toy import Toy, toy_batch, toy_loss
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
@@ -129,7 +129,7 @@ def _live_bytes_over_fits() -> list[int]:
     sizes = [live_bytes()]
     for _ in range(2):
         _fit(SDPStrategy("b-sdp", plan=PlanSpec(coverage=0.5)), 2)
-        sizes.append(live_bytes())
+        sizes.append(settled(live_bytes, lambda b: b == sizes[0]))
     return sizes
 
 

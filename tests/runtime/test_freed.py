@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import gc
 import tempfile
-import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,7 +38,7 @@ from subnetdp.parallelize import parallelize
 from subnetdp.runtime.rank import RankModel
 from subnetdp.strategy import Composition, PlanSpec, RankSpec
 from subnetdp.subnet.planning import build_plan
-from tests.dist.tensors import describe, live_tensors, nbytes
+from tests.dist.tensors import describe, live_tensors, nbytes, settled
 
 # llama-tiny, small (the composition tests' shape, 2 layers); resnet18-fmnist narrow: its
 # BatchNorm weights are the parameters nb-sdp holds in part without held_grad's slicing
@@ -132,16 +131,8 @@ def _new(before: set[int]) -> list[torch.Tensor]:
     return [t for t in live_tensors() if id(t) not in before]
 
 
-def _settled(find: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
-    """``find()``, asked again after short waits while it finds something (a second at most):
-    gloo's threads drop a finished collective's tensors in their own time (seen once, on a
-    loaded machine: DDP's flat bucket, alive just after a step, gone a moment later)."""
-    for _ in range(20):
-        if not (found := find()):
-            return found
-        del found
-        time.sleep(0.05)
-    return find()
+def _none(tensors: list[torch.Tensor]) -> bool:
+    return not tensors
 
 
 def _mesh_table(t: torch.Tensor, *besides: object) -> bool:
@@ -170,14 +161,14 @@ def _check_dropped(cycle: Any) -> None:
             new = _new(before)
             return [t for t in new if nbytes(t) and not _mesh_table(t, new)]
 
-        left = _settled(first_left)
+        left = settled(first_left, _none)
         assert not left, f"the first build left {describe(left)}"
         del left
         warm = {id(t) for t in live_tensors()}
         for steps in (0, 1):
             refs = cycle(steps)
             assert not _alive(refs), f"alive after a build with {steps} steps: {_alive(refs)}"
-            left = _settled(lambda: _new(warm))
+            left = settled(lambda: _new(warm), _none)
             assert not left, f"a build with {steps} steps left {describe(left)}"
     finally:
         gc.unfreeze()
