@@ -10,7 +10,8 @@ norm clipping:
 - ``SDPTrainer`` for 3 steps (checkpoint-3), and a fresh one resumed from it to 6: steps 4-6
   equal the straight run's (the optimizer state came back from the shards);
 - n-sdp (heads and MLP units of every layer, ``hf_decoder_adapter``) for 5 steps: equal to
-  the own loop, and its full, unnarrowed model loads in ``LlamaForCausalLM``.
+  the own loop, and its full, unnarrowed model loads in ``LlamaForCausalLM``;
+- two more trainings in the same worker, each dropped: the live tensor bytes do not grow.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import transformers
 
 from subnetdp.strategy import PlanSpec
 from tests.dist.harness import run_workers
+from tests.dist.tensors import live_bytes, settled
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -112,7 +114,19 @@ def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
     if rank == 0:
         out["export_differs"] = _differs(f"{folder}/export", full)
         out["n_export_differs"] = _differs(f"{folder}/n-export", full_n)
+    del trainer
+    out["live_bytes"] = _live_bytes_over_trainings(folder)
     return out
+
+
+def _live_bytes_over_trainings(folder: str) -> list[int]:
+    """Live tensor bytes now and after each of two more trainings, whose trainers are dropped
+    (issue 42: a build is freed when dropped)."""
+    sizes = [live_bytes()]
+    for i in range(2):
+        _trainer(f"{folder}/again{i}", 2, []).train()
+        sizes.append(settled(live_bytes, lambda b: b == sizes[0]))
+    return sizes
 
 
 def _differs(folder: str, want: dict[str, torch.Tensor]) -> list[str]:
@@ -133,6 +147,8 @@ def test_sdp_trainer_equals_own_loop_and_resumes_exactly(tmp_path: Path) -> None
     assert results[0]["straight"] != results[1]["straight"]
     assert results[0]["export_differs"] == [] and results[0]["n_export_differs"] == []
     assert (tmp_path / "b" / "checkpoint-3" / "sdp").is_dir()
+    for r in results:  # train twice more in the same process: memory stays flat
+        assert len(set(r["live_bytes"])) == 1, r["live_bytes"]
 
 
 @pytest.mark.parametrize(("options", "says"), [
