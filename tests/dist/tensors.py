@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -26,7 +27,10 @@ def nbytes(t: torch.Tensor) -> int | None:
 def live_tensors() -> list[torch.Tensor]:
     """Live tensors with memory, after a collection."""
     gc.collect()
-    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and nbytes(o) is not None]
+    with warnings.catch_warnings():  # isinstance on torch.distributed.reduce_op warns
+        warnings.simplefilter("ignore", FutureWarning)
+        return [o for o in gc.get_objects()
+                if isinstance(o, torch.Tensor) and nbytes(o) is not None]
 
 
 def live_bytes() -> int:
