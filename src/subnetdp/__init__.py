@@ -8,15 +8,61 @@ hold it. See ``SubnetDataParallel``, ``subnetdp.plan.make_plan`` and ``subnetdp.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import sys
 import types
 from typing import Any
 
 from subnetdp import _moved
 
-_moved.install()  # old module names of 0.1 still import, for one release
-
 __version__ = "0.1.0"
+
+# The oldest torch subnetdp runs on (pyproject.toml's range; subnetdp.torch_compat, docs/testing.md)
+TORCH_FLOOR = (2, 7)
+
+
+class TorchTooOldError(ImportError):
+    """The installed torch is older than ``TORCH_FLOOR``, or missing."""
+
+
+def _torch_version() -> str | None:
+    """The installed torch's version, read without importing torch where its metadata says."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a source build on the path, say
+        if importlib.util.find_spec("torch") is None:
+            return None
+        import torch
+
+        return str(torch.__version__)
+
+
+def _check_torch(found: str | None) -> None:
+    floor = ".".join(map(str, TORCH_FLOOR))
+    if found is None or tuple(int(x) for x in found.split(".")[:2]) < TORCH_FLOOR:
+        raise TorchTooOldError(f"subnetdp needs torch >= {floor} (found {found or 'none'}): "
+                               f"pip install 'torch>={floor}'")
+
+
+def _one_line(hook: Any) -> Any:
+    """``sys.excepthook`` that prints a ``TorchTooOldError`` as its one line (a command's
+    import of subnetdp raises it), and hands anything else to ``hook``."""
+    def excepthook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        if isinstance(error, TorchTooOldError):
+            print(f"error: {error}", file=sys.stderr)
+        else:
+            hook(kind, error, tb)
+    return excepthook
+
+
+try:
+    _check_torch(_torch_version())
+except TorchTooOldError:
+    sys.excepthook = _one_line(sys.excepthook)
+    raise
+
+_moved.install()  # old module names of 0.1 still import, for one release
 
 __all__ = ["SubnetDataParallel", "__version__", "init_distributed", "load", "make_plan",
            "parallelize", "save"]

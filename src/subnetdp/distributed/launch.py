@@ -39,6 +39,7 @@ from subnetdp.distributed.process_group import (
 )
 from subnetdp.distributed.timeouts import lost_peer
 from subnetdp.filemode import append_text, share
+from subnetdp.torch_compat import launch_grace
 
 __all__ = [
     "RunInterruptedError",
@@ -198,7 +199,7 @@ def launch(
         logs_specs=logs,
         # a SIGTERM/SIGINT is passed on to the workers, which may finish a checkpoint that is
         # due (distributed/signals.py) before they are killed
-        shutdown_timeout=SHUTDOWN_GRACE_S,
+        **launch_grace(SHUTDOWN_GRACE_S),
         log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
     )
     # With restarts, the agent must not share its rendezvous TCPStore with the workers: the

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
+
+from subnetdp.torch_compat import default_store, set_group_timeouts
 
 __all__ = [
     "CollectiveTimeoutError",
@@ -49,12 +50,7 @@ def slow_timeout(seconds: float) -> float:
 def set_timeout(seconds: float) -> None:
     """Every process group of this worker now waits at most ``seconds`` for a peer."""
     global _current_s
-    wait = timedelta(seconds=seconds)
-    for group in list(c10d._world.pg_map):
-        if c10d._rank_not_in_group(group):
-            continue
-        with contextlib.suppress(ValueError, RuntimeError):  # a backend without timeouts
-            c10d._set_pg_timeout(wait, group)
+    set_group_timeouts(timedelta(seconds=seconds))
     _current_s = seconds
 
 
@@ -123,7 +119,7 @@ def _mark_prefix() -> str:
 def _marked_ranks(world: int) -> list[int]:
     """Ranks that timed out in a collective and left their mark (best effort: [])."""
     try:
-        store = c10d._get_default_store()
+        store = default_store()
         return [r for r in range(world) if store.check([f"{_mark_prefix()}{r}"])]
     except (RuntimeError, ValueError, dist.DistError):
         return []
@@ -133,7 +129,7 @@ def _silent_ranks(rank: int, world: int) -> list[int]:
     """Ranks that left no timeout mark within ``_MARK_WAIT_S`` (best effort: [] if the
     store is unreachable)."""
     try:
-        store = c10d._get_default_store()
+        store = default_store()
     except (RuntimeError, ValueError):
         return []
     prefix = _mark_prefix()

@@ -28,7 +28,8 @@ from datetime import timedelta
 from typing import NoReturn
 
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
+
+from subnetdp.torch_compat import default_store
 
 __all__ = ["CollectiveCallError", "called_by_all"]
 
@@ -51,7 +52,7 @@ def called_by_all(what: str, *, hint: str = "", wait: bool | None = None,
         yield
         return
     rank, world = dist.get_rank(), dist.get_world_size()
-    store = distributed_c10d._get_default_store()
+    store = default_store()
     keys = [f"subnetdp/called/{next(_calls)}/{r}" for r in range(world)]
     store.set(keys[rank], what)
     if wait is None:

@@ -61,6 +61,7 @@ from subnetdp.plan.schedule import ADJACENT, OFF, check, fsdp_schedule
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.runtime.refresh import exchange
 from subnetdp.runtime.ring import GLOO_DEFAULTS, GlooComms
+from subnetdp.torch_compat import default_group
 
 
 def holder_mesh(groups: HolderGroups, ranks: tuple[int, ...], device_type: str) -> DeviceMesh:
@@ -69,7 +70,7 @@ def holder_mesh(groups: HolderGroups, ranks: tuple[int, ...], device_type: str) 
 
 
 def world_mesh(device_type: str) -> DeviceMesh:
-    return _mesh(dist.distributed_c10d._get_default_group(), device_type)
+    return _mesh(default_group(), device_type)
 
 
 def _mesh(pg: dist.ProcessGroup, device_type: str) -> DeviceMesh:

@@ -57,6 +57,7 @@ from subnetdp.distributed import faults
 from subnetdp.plan import Plan
 from subnetdp.runtime.groups import HolderGroups
 from subnetdp.subnet.pieces import LocalPiece, Piece
+from subnetdp.torch_compat import reduce_scatter_single
 
 
 @dataclass(frozen=True)
@@ -403,7 +404,7 @@ class HolderReducer:
         assert b.shard is not None and b.buffer is not None
         grad = b.shard.own_grad()
         if b.shard.c > 1:
-            b.work = dist.reduce_scatter_single(grad, b.buffer, group=b.group, async_op=True)
+            b.work = reduce_scatter_single(grad, b.buffer, group=b.group, async_op=True)
         elif self.zero == 2:  # held alone (ZeRO-1's shard is then its whole buffer)
             grad.copy_(b.buffer)
         if self.zero != 2:

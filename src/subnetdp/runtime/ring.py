@@ -7,7 +7,8 @@ every gradient on the wire where a ring needs (h-1)/h (docs/results/network.md, 
 which every rank sends one 1/h chunk to the next rank and adds the chunk it receives from the
 previous one; after the last step rank i holds the reduced chunk i. Besides its input and
 output it holds one chunk-sized buffer (gloo's clone: the whole input). FSDP2 takes it through
-its supported hook, ``FSDPModule.set_custom_reduce_scatter`` (``GlooComms``).
+its supported hook, ``FSDPModule.set_custom_reduce_scatter`` (``GlooComms``), where the torch
+has it (``torch_compat``: 2.9 and newer; older ones keep gloo's reduce-scatter).
 
 Semantics are FSDP2's reduce-scatter: ``input`` is the padded flat gradient, h equal chunks
 in group-rank order; ``output`` gets this rank's chunk reduced with ``op`` (FSDP2 passes
@@ -27,8 +28,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
-# the interface set_custom_reduce_scatter takes; torch 2.13 exports it from no public module
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+from subnetdp.torch_compat import (
+    ReduceScatter,
+    has_custom_reduce_scatter,
+    reduce_scatter_single,
+    set_unshard_async,
+)
 
 _RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 
@@ -44,8 +49,8 @@ class RingReduceScatter(ReduceScatter):
                  group: dist.ProcessGroup, op: dist.ReduceOp | dist.ReduceOp.RedOpType,
                  async_op: bool = False) -> dist.Work | None:
         if op not in _RING_OPS:  # e.g. PREMUL_SUM: FSDP2 only asks for it with a custom divisor
-            return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, op=op,
-                                              group=group, async_op=async_op)
+            return reduce_scatter_single(output_tensor, input_tensor, op=op, group=group,
+                                         async_op=async_op)
         ring_reduce_scatter(output_tensor, input_tensor, group)
         if op == dist.ReduceOp.AVG:
             output_tensor.div_(group.size())
@@ -99,10 +104,10 @@ class GlooComms:
         pg = mesh.get_group()
         if pg.size() < 2 or dist.get_backend(pg) != dist.Backend.GLOO:
             return
-        if self.ring_reduce_scatter:
+        if self.ring_reduce_scatter and has_custom_reduce_scatter(module):  # torch >= 2.9
             module.set_custom_reduce_scatter(RingReduceScatter())
-        if self.async_unshard:  # FSDPModule's documented switch (torch 2.13 names it private)
-            module._set_unshard_async_op(True)
+        if self.async_unshard:
+            set_unshard_async(module, True)
 
 
 GLOO_DEFAULTS = GlooComms()

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from subnetdp.runtime.reducer import ZERO2_IN_FLIGHT, HolderReducer, _Bucket
+from subnetdp.torch_compat import all_gather_single
 
 
 @dataclass
@@ -190,7 +191,7 @@ class ZeroOptimizer:
         sh.fill(part, key, self.optimizer.state)
         if info.c == 1:
             return full, None
-        work = dist.all_gather_single(full, part, group=b.group, async_op=True)
+        work = all_gather_single(full, part, group=b.group, async_op=True)
         return full, work
 
     def _write_back(self, sh: _Shard, full: torch.Tensor, work: Any) -> None:

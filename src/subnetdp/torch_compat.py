@@ -1,0 +1,106 @@
+"""The torch calls that differ between the releases subnetdp supports, or that reach into
+torch's private modules, in one place.
+
+Supported: torch 2.7 to 2.15 (``subnetdp/__init__.py`` refuses an older torch at import;
+``make test-torch TORCH=X`` runs the core of the suite on X; docs/testing.md says why 2.6 is
+out). A name that one release has and another lacks is looked up when it is called, by
+feature, never by version number, so a back-port needs nothing here and a test can hide the
+newer name.
+
+- ``reduce_scatter_single`` and ``all_gather_single`` are torch 2.13's names (it deprecates
+  ``reduce_scatter_tensor``); before 2.13 only ``reduce_scatter_tensor`` and
+  ``all_gather_into_tensor`` exist, with the same arguments.
+- FSDP2's reduce-scatter hook (``FSDPModule.set_custom_reduce_scatter``, whose interface
+  ``ReduceScatter`` no public module exports) first ships in torch 2.9; before it FSDP2 over
+  gloo keeps gloo's own reduce-scatter (``runtime.ring``: the same result, twice the bytes).
+- ``LaunchConfig(shutdown_timeout=)`` (the workers' grace between SIGTERM and SIGKILL) first
+  ships in torch 2.12; before it torch elastic's grace is a fixed 30 s.
+- The default process group and store, the registry of every group and a group's timeout are
+  private names of ``distributed_c10d`` (unchanged from 2.7 to 2.15).
+
+Private names imported inside functions elsewhere, for their import cost, and unchanged from
+2.7 to 2.15: ``torch.distributed._tools.mem_tracker`` (``metrics.memory``), the fake process
+group's ``FakeStore`` (``estimate.memory``, ``bench.step``) and ``torch._subclasses``'
+fake tensors (``estimate``, ``runtime.fsdp``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+try:  # torch >= 2.9
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+except ImportError:  # no hook to implement: runtime.ring's class is then never installed
+
+    class ReduceScatter:  # type: ignore[no-redef]
+        """Stands in for FSDP2's interface on a torch without ``set_custom_reduce_scatter``."""
+
+        def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
+                     device: torch.device) -> torch.Tensor:
+            raise NotImplementedError
+
+__all__ = ["ReduceScatter", "all_gather_single", "default_group", "default_store",
+           "has_custom_reduce_scatter", "launch_grace", "reduce_scatter_single",
+           "set_group_timeouts", "set_unshard_async"]
+
+
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor,
+                          op: Any = dist.ReduceOp.SUM, group: dist.ProcessGroup | None = None,
+                          async_op: bool = False) -> dist.Work | None:
+    """``output`` = chunk ``group rank`` of the ``op``-reduction of every rank's ``input``."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, op=op, group=group, async_op=async_op)
+
+
+def all_gather_single(output: torch.Tensor, input: torch.Tensor,
+                      group: dist.ProcessGroup | None = None,
+                      async_op: bool = False) -> dist.Work | None:
+    """``output`` = every rank's ``input`` concatenated in group-rank order."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+def has_custom_reduce_scatter(module: Any) -> bool:
+    """Does this FSDP2 module take a reduce-scatter of ours (torch >= 2.9)?"""
+    return hasattr(module, "set_custom_reduce_scatter")
+
+
+def set_unshard_async(module: Any, async_op: bool) -> None:
+    """FSDP2's switch for asynchronous all-gathers (documented, but private in every release
+    from 2.7 to 2.15)."""
+    module._set_unshard_async_op(async_op)
+
+
+def launch_grace(seconds: int) -> dict[str, Any]:
+    """``LaunchConfig``'s keyword for the workers' grace between SIGTERM and SIGKILL, where
+    this torch has one (else its agent waits a fixed 30 s)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    fields = LaunchConfig.__dataclass_fields__
+    return {"shutdown_timeout": seconds} if "shutdown_timeout" in fields else {}
+
+
+def default_group() -> dist.ProcessGroup:
+    return c10d._get_default_group()
+
+
+def default_store() -> dist.Store:
+    """The default group's store (the rendezvous store every rank reaches)."""
+    return c10d._get_default_store()
+
+
+def set_group_timeouts(wait: timedelta) -> None:
+    """Every process group this rank belongs to now waits at most ``wait`` for a peer; a
+    backend without timeouts keeps its own."""
+    for group in list(c10d._world.pg_map):
+        if c10d._rank_not_in_group(group):
+            continue
+        with contextlib.suppress(ValueError, RuntimeError):  # a backend without timeouts
+            c10d._set_pg_timeout(wait, group)
