@@ -153,7 +153,7 @@ def test_training_run_on_cuda(tmp_path: Path) -> None:
     memory/max_active from the allocator, mfu(%) from the device's peak."""
     out = tmp_path / "run"
     assert train_on_own_text(tmp_path, "cuda", out) == 0
-    rows = [json.loads(line) for line in (out / "metrics" / "rank0.jsonl").read_text().split()]
+    rows = [json.loads(line) for line in (out / "metrics" / "rank0.jsonl").read_text().splitlines()]
     assert all(r["memory/max_active(GiB)"] > 0 and r["mfu(%)"] > 0 for r in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert 0 < summary["val_loss"] < 20
