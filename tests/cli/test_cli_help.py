@@ -30,8 +30,9 @@ def test_every_option_has_help_and_shows_its_default(command: str) -> None:
         assert action.help and action.help.strip(), f"{command} {name} has no help"
         shown = formatter._expand_help(action)
         default = action.default
-        if default is None or isinstance(default, bool) or default == []:
-            continue  # nothing to show (a flag, or "the recipe's" said in words)
+        if default is None or isinstance(default, bool) or default in ([], argparse.SUPPRESS):
+            continue  # nothing to show (a flag, "the recipe's" said in words, an action
+            # that prints and exits, as --help and --list-tasks)
         value = f"{default:g}" if isinstance(default, float) else str(default)
         assert "default" in shown and (value in shown or str(default) in shown), \
             f"{command} {name}: the help does not show its default {default!r}: {shown!r}"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -38,6 +38,7 @@ from subnetdp.parallelize import parallelize
 from subnetdp.runtime.rank import RankModel
 from subnetdp.strategy import Composition, PlanSpec, RankSpec
 from subnetdp.subnet.planning import build_plan
+from tests.dist.harness import run_workers
 from tests.dist.tensors import describe, live_tensors, nbytes, settled
 
 # llama-tiny, small (the composition tests' shape, 2 layers); resnet18-fmnist narrow: its
@@ -174,13 +175,28 @@ def _check_dropped(cycle: Any) -> None:
         gc.unfreeze()
 
 
+def _isolated(body: Callable[[], None]) -> None:
+    """``body()`` in a forked process, with the group it makes itself: DTensor's caches keep
+    the fake group's meshes alive (a redistribute planner holds its mesh strongly), and a
+    worker that a later test forks from this process would take them for its own ("Could not
+    resolve the process group registered under the name 1")."""
+    def own_group(rank: int, world: int) -> None:
+        dist.destroy_process_group()  # the harness's one-rank group: the case makes its own
+        body()
+
+    run_workers(own_group, 1)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
 def test_a_dropped_build_frees_everything(case: tuple[str, dict[str, Any], str, int]) -> None:
-    _group(case[3])
-    try:
-        _check_dropped(lambda steps: _cycle(case, steps))
-    finally:
-        dist.destroy_process_group()
+    def body() -> None:
+        _group(case[3])
+        try:
+            _check_dropped(lambda steps: _cycle(case, steps))
+        finally:
+            dist.destroy_process_group()
+
+    _isolated(body)
 
 
 def _round_trip(folder: str, steps: int) -> list[weakref.ref[Any]]:
@@ -199,9 +215,12 @@ def _round_trip(folder: str, steps: int) -> list[weakref.ref[Any]]:
 
 
 def test_a_checkpoint_round_trip_frees_everything() -> None:
-    _group(1)
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            _check_dropped(lambda steps: _round_trip(folder, steps))
-    finally:
-        dist.destroy_process_group()
+    def body() -> None:
+        _group(1)
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                _check_dropped(lambda steps: _round_trip(folder, steps))
+        finally:
+            dist.destroy_process_group()
+
+    _isolated(body)
