@@ -4,7 +4,6 @@ torch below the floor in one line. ``make test-torch TORCH=X`` runs this file on
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,6 @@ import torch.distributed as dist
 
 import subnetdp
 from subnetdp import torch_compat
-from subnetdp.runtime import ring
 from tests.dist.harness import run_workers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,63 +71,6 @@ def test_collectives_give_the_same_result_through_either_torch_name() -> None:
         assert cases["hidden"]["ran"] == list(OLDER)
         if has_newer:
             assert cases["present"]["ran"] == list(NEWER)
-
-
-class _Group:
-    def size(self) -> int:
-        return 2
-
-
-class _Mesh:
-    def get_group(self) -> _Group:
-        return _Group()
-
-
-class _Module:
-    """What GlooComms.apply calls on an FSDP2 module, recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-
-    def _set_unshard_async_op(self, async_op: bool) -> None:
-        self.calls.append(("unshard async", async_op))
-
-
-class _HookedModule(_Module):
-    def set_custom_reduce_scatter(self, comm: Any) -> None:
-        self.calls.append(("reduce-scatter", type(comm)))
-
-
-def test_gloo_comms_install_the_ring_only_where_fsdp2_takes_a_hook(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch >= 2.9 takes runtime.ring's reduce-scatter; an older FSDP2 (no
-    ``set_custom_reduce_scatter``) keeps gloo's and still gets asynchronous all-gathers."""
-    monkeypatch.setattr(ring.dist, "get_backend", lambda pg: dist.Backend.GLOO)
-    hooked, older = _HookedModule(), _Module()
-    ring.GLOO_DEFAULTS.apply(hooked, _Mesh())  # type: ignore[arg-type]
-    ring.GLOO_DEFAULTS.apply(older, _Mesh())  # type: ignore[arg-type]
-    assert hooked.calls == [("reduce-scatter", ring.RingReduceScatter), ("unshard async", True)]
-    assert older.calls == [("unshard async", True)]
-
-
-def test_torch_compat_imports_without_fsdp2s_hook_interface(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before torch 2.9 FSDP2's private ``_fsdp_api`` has no ``ReduceScatter``: torch_compat
-    (and so runtime.ring) still imports, with a stand-in base class."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_api
-
-    real = getattr(_fsdp_api, "ReduceScatter", None)
-    try:
-        if real is not None:
-            monkeypatch.delattr(_fsdp_api, "ReduceScatter")
-        stand_in = importlib.reload(torch_compat).ReduceScatter
-        assert stand_in is not real and stand_in.__module__ == "subnetdp.torch_compat"
-        with pytest.raises(NotImplementedError):
-            stand_in().allocate((1,), dtype=torch.float32, device=torch.device("cpu"))
-    finally:
-        monkeypatch.undo()
-        restored = importlib.reload(torch_compat).ReduceScatter
-    assert restored is real if real is not None else restored.__module__ == stand_in.__module__
 
 
 def test_launch_grace_where_launch_config_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
