@@ -16,11 +16,14 @@ import torch.distributed as dist
 
 import subnetdp
 from subnetdp import torch_compat
+from subnetdp.estimate.spec import BenchSpec, build_rank, lm_step
 from tests.dist.harness import run_workers
 
 REPO = Path(__file__).resolve().parents[2]
 NEWER = ("reduce_scatter_single", "all_gather_single")  # torch 2.13's names
 OLDER = ("reduce_scatter_tensor", "all_gather_into_tensor")  # the only ones before 2.13
+MODEL = (("dim", 16), ("ffn_hidden", 24), ("max_seq_len", 16), ("n_heads", 2),
+         ("n_layers", 2), ("vocab_size", 61))
 
 
 def _collectives(rank: int, world: int) -> dict[str, dict[str, Any]]:
@@ -49,7 +52,15 @@ def _collectives(rank: int, world: int) -> dict[str, dict[str, Any]]:
             work.wait()
             ag = torch.full((3 * world,), float("nan"))
             torch_compat.all_gather_single(ag, torch.full((3,), float(rank)))
-            out[case] = {"rs": rs, "ag": ag, "ran": ran}
+            collectives = list(ran)
+            # ZeRO-2 in one holder group of both ranks: its reduce-scatter and all-gather
+            spec = BenchSpec("llama-tiny", "b-sdp", world, 2, 16, zero=2, model_args=MODEL)
+            built = build_rank(spec)
+            g = torch.Generator().manual_seed(rank)
+            losses = [lm_step(built, torch.randint(0, 61, (2, 17), generator=g))
+                      for _ in range(2)]
+            out[case] = {"rs": rs, "ag": ag, "ran": collectives, "losses": losses,
+                         "zero ran": sorted(set(ran[len(collectives):]))}
         finally:
             for name, fn in saved.items():
                 setattr(dist, name, fn)
@@ -57,6 +68,8 @@ def _collectives(rank: int, world: int) -> dict[str, dict[str, Any]]:
 
 
 def test_collectives_give_the_same_result_through_either_torch_name() -> None:
+    """torch_compat's collectives by hand, and a ZeRO-2 step (the reducer's reduce-scatter,
+    the optimizer's all-gather) that trains the same without torch 2.13's names."""
     results = run_workers(_collectives, 2)
     world = 2
     has_newer = all(hasattr(dist, n) for n in NEWER)
@@ -69,8 +82,11 @@ def test_collectives_give_the_same_result_through_either_torch_name() -> None:
             assert torch.equal(got["rs"], want_rs), case
             assert torch.equal(got["ag"], want_ag), case
         assert cases["hidden"]["ran"] == list(OLDER)
+        assert cases["hidden"]["zero ran"] == sorted(OLDER)  # no caller asks for a newer name
         if has_newer:
             assert cases["present"]["ran"] == list(NEWER)
+            assert cases["present"]["zero ran"] == sorted(NEWER)
+            assert cases["present"]["losses"] == cases["hidden"]["losses"]  # bit for bit
 
 
 def test_launch_grace_where_launch_config_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:
