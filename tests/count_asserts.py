@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = {"conftest.py", "harness.py", "reference.py", "neuron_ref.py", "toy.py", "workers.py",
-           "count_asserts.py"}
+           "tensors.py", "count_asserts.py"}
 
 
 def _git(*args: str) -> str:

@@ -89,3 +89,14 @@ def test_unmeasured_figures_show_as_such() -> None:
     assert "step time          not measured" in format_summary(untimed)
     assert _row(comparison_table(_summary("ddp", 4.0, 100), untimed), "median step time")[-2:] \
         == ["-", "-"]
+
+
+def test_the_summary_shows_what_eval_tasks_scored() -> None:
+    """Issue 41 item 11: ``--eval-tasks``' scores were in summary.json, not in what it prints."""
+    run = _summary("b-sdp", 4.0, 50, **{"eval/arc_easy/acc": 0.25, "eval/arc_easy/acc_norm": 0.5,
+                                        "eval/sciq/acc": 0.125, "eval/sciq/acc_norm": 0.375,
+                                        "config": {"eval_limit": 8}})
+    lines = format_summary(run).splitlines()
+    assert lines[-2:] == ["  arc_easy           acc 0.2500, acc_norm 0.5000 (first 8 documents)",
+                          "  sciq               acc 0.1250, acc_norm 0.3750 (first 8 documents)"]
+    assert "acc" not in format_summary(_summary("b-sdp", 4.0, 50))

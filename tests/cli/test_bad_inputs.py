@@ -77,6 +77,25 @@ CASES: list[tuple[str, list[str], str]] = [
     ("ac-with-stochastic-depth", [*T, "--strategy", "ddp", "--ac", "--stochastic-depth",
                                   "0.1"], "--ac"),
     ("seed-neg", [*T, "--seed", "-1"], "--seed"),
+    # -- train: errors that blamed the wrong thing (issue 41, item 7)
+    ("model-arg-nan", [*T, "--model-arg", "norm_eps=NaN"],
+     "--model-arg norm_eps=nan: not a finite number"),
+    ("dataset-hub-name", [*T, "--dataset", "imdb"],
+     "--dataset imdb is neither a local dataset folder nor a builder"),
+    ("dataset-hub-name-files", [*T, "--dataset", "imdb", "--data-files", "{d}/one-doc/only.txt"],
+     "--dataset imdb is neither a local dataset folder nor a builder"),
+    ("data-dir-symlink-loop", [*T, "--data-dir", "{d}/loop"],
+     "loop: Too many levels of symbolic links; a symbolic link there points back"),
+    ("timeout-huge", [*T, "--collective-timeout", "1e300"],
+     "--collective-timeout must be a number of seconds in (0, 604800]"),
+    ("memory-gb-nan", [*T, "--memory-gb", "nan,nan"],
+     "--memory-gb needs one finite positive value per worker, got [nan, nan]"),
+    ("init-from-heads-0", [*T, "--init-from", "{d}/hf-heads-0"],
+     "hf-heads-0: config.json has num_attention_heads 0; it must be a whole number > 0"),
+    ("init-from-truncated", [*T, "--init-from", "{d}/hf-truncated"],
+     "hf-truncated: model.safetensors cannot be read as safetensors"),
+    ("config-eval-tasks-string", [*T, "--config", "{d}/eval-tasks.toml"],
+     'eval_tasks = "arc_easy" is not a list of strings; write eval_tasks = ["arc_easy"]'),
     # -- train: argparse-level
     ("steps-text", [*T[:-3], "--steps", "abc"], "--steps"),
     ("lr-text", [*T, "--lr", "fast"], "--lr"),
@@ -152,6 +171,8 @@ CASES: list[tuple[str, list[str], str]] = [
                              "--capacities", "a,b"], "capacit"),
     ("plan-memory-gb-bad", ["plan", "--recipe", "llama-tiny", "--world", "2", "--coverage",
                             "0.5", "--memory-gb", "lots"], "memory"),
+    ("plan-memory-gb-nan", ["plan", "--recipe", "llama-tiny", "--world", "2", "--memory-gb",
+                            "nan,nan"], "--memory-gb takes finite budgets > 0 GB, got nan,nan"),
     ("plan-save-unwritable", ["plan", "--units", "4", "--world", "2", "--coverage", "0.5",
                               "--save", "{d}/not-json.json/p.json"], "p.json"),
     # -- bench
@@ -238,7 +259,27 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _write_pretokenised(d / "few-tokens", rng.integers(0, 50, 40), rng.integers(0, 50, 400),
                         vocab=50)
     _write_pretokenised(d / "no-val", rng.integers(0, 50, 4000), np.zeros(3), vocab=50)
+    (d / "loop").symlink_to("loop")
+    (d / "eval-tasks.toml").write_text('eval_tasks = "arc_easy"\n')
+    _write_hf_folder(d / "hf-heads-0", num_attention_heads=0)
+    _write_hf_folder(d / "hf-truncated")
+    weights = (d / "hf-truncated" / "model.safetensors").read_bytes()
+    (d / "hf-truncated" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
     return d
+
+
+def _write_hf_folder(root: Path, **config: object) -> None:
+    """An --init-from folder as far as its checks read (config, a tokenizer file, weights)."""
+    from safetensors.torch import save_file
+
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 256, "intermediate_size": 128,
+        "max_position_embeddings": 64, **config}))
+    (root / "tokenizer.json").write_text("{}")
+    save_file({"model.embed_tokens.weight": torch.zeros(256, 64)},
+              str(root / "model.safetensors"))
 
 
 @pytest.fixture(scope="module")

@@ -158,9 +158,21 @@ def test_every_field_with_a_wrong_type_gives_one_line(tmp_path: Path, capsys, no
 
 
 # -- versions and replays -------------------------------------------------------------------
-def test_config_json_without_version_is_version_1(tmp_path: Path) -> None:
+def test_config_json_without_version(tmp_path: Path, capsys, no_launch) -> None:
+    """Issue 41 item 4: without config_version, a file that versions 1 and 2 read differently
+    is refused in one line naming the value (it was read as version 1: bf16 became
+    bf16-mixed); one they read alike is read; a version given is followed."""
     f = tmp_path / "config.json"
-    f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16"}))
+    f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16", "steps": 3}))
+    code, err = _cli(capsys, f)
+    assert code == 2 and not no_launch and err.count("\n") == 1, err
+    assert err == (f'subnetdp train: --config {f} has no config_version, and dtype "bf16" is '
+                   '"bf16-mixed" in version 1 (a run recorded before config_version existed) '
+                   'but "bf16" in version 2 (today\'s); add "config_version": 1 or 2 to the '
+                   'file to say which it means\n')
+    f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16-mixed", "steps": 3}))
+    assert load_config_file(f) == {"recipe": "llama-tiny", "dtype": "bf16-mixed", "steps": 3}
+    f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16", "config_version": 1}))
     assert load_config_file(f)["dtype"] == "bf16-mixed"  # v1's bf16 was bf16 compute only
     f.write_text(json.dumps({"recipe": "llama-tiny", "dtype": "bf16", "config_version": 2}))
     assert load_config_file(f)["dtype"] == "bf16"
@@ -185,3 +197,52 @@ def test_replayed_config_never_deletes_its_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="already holds checkpoints"):
         check_fresh(Path(cfg.out), resume=bool(cfg.resume), overwrite=cfg.overwrite)
     assert (run / "checkpoints" / "step_00000003" / "manifest.json").exists()
+
+
+# -- a config file on --resume: issue 41 item 5 -----------------------------------------------
+@pytest.fixture
+def resumable(tmp_path: Path) -> Path:
+    """A run folder whose newest checkpoint is at step 6 of 6 (2 workers, lr 1e-3)."""
+    from tests.checkpoint.test_io import _checkpoint
+
+    saved = TrainConfig(recipe="llama-tiny", steps=6, nproc=2, lr=1e-3, seed=1,
+                        out=str(tmp_path / "R")).to_dict()
+    shards: dict[str, dict[str, Any]] = {f"rank0000{r}.safetensors": {} for r in (0, 1)}
+    _checkpoint(tmp_path / "R" / "checkpoints", 6, shards, config=saved)
+    return tmp_path / "R"
+
+
+def test_config_file_on_resume_applies_what_a_resume_may_change(
+        resumable: Path, tmp_path: Path) -> None:
+    """``train --resume R --config s.toml`` with ``steps = 9`` trains to step 9 (the file's
+    steps were dropped: "nothing left to train"); keys equal to the run's own are accepted,
+    so a run's config.json resumes it; the command line still wins over the file."""
+    s = tmp_path / "s.toml"
+    s.write_text('steps = 9\neval-every = 3\nrecipe = "llama-tiny"\nlr = 1e-3\n')
+    cfg = config_from_args(_args(["--resume", str(resumable), "--config", str(s)]))
+    assert (cfg.steps, cfg.eval_every, cfg.lr, cfg.nproc) == (9, 3, 1e-3, 2)
+    cfg = config_from_args(_args(["--resume", str(resumable), "--config", str(s),
+                                  "--steps", "12"]))
+    assert (cfg.steps, cfg.eval_every) == (12, 3)
+    recorded = json.dumps({**TrainConfig(recipe="llama-tiny", steps=8, nproc=2, lr=1e-3, seed=1,
+                                         out=str(resumable)).to_dict()})
+    (tmp_path / "config.json").write_text(recorded)
+    cfg = config_from_args(_args(["--resume", str(resumable), "--config",
+                                  str(tmp_path / "config.json")]))
+    assert cfg.steps == 8 and cfg.out == str(resumable)
+
+
+def test_config_file_on_resume_refuses_the_rest_by_name(
+        resumable: Path, tmp_path: Path, capsys, no_launch) -> None:
+    s = tmp_path / "s.toml"
+    s.write_text('steps = 9\nlr = 0.1\nseed = 5\nrecipe = "llama-tiny"\ncoverage = 0.75\n')
+    code, err = _cli(capsys, s, "--resume", str(resumable))
+    assert code == 2 and not no_launch and err.count("\n") == 1, err
+    assert err.startswith(f"subnetdp train: --config {s} sets coverage = 0.75, lr = 0.1, "
+                          "seed = 5, but the resumed run keeps its own (coverage = 0.5, "
+                          "lr = 0.001, seed = 1)"), err
+    assert "drop them from the file (or add --reshard for coverage)" in err
+    s.write_text("steps = 9\ncoverage = 0.75\n")  # with --reshard, coverage may change
+    cfg = config_from_args(_args(["--resume", str(resumable), "--config", str(s),
+                                  "--reshard"]))
+    assert (cfg.steps, cfg.coverage) == (9, 0.75)

@@ -40,8 +40,22 @@ def test_two_demo_runs_are_bit_identical(tmp_path: Path, monkeypatch: pytest.Mon
         with one_thread_per_worker():
             summary = run_training(cfg)
         runs.append((_losses(Path(cfg.out)), float(summary["val_loss"]).hex()))
+        _check_numerics(summary["numerics"])
     assert all(len(r) == 3 for r in runs[0][0])
     assert runs[0] == runs[1]
+
+
+def _check_numerics(recorded: dict[str, Any]) -> None:
+    """Issue 41 item 8: the run records the kernels its figures came from (the README's table
+    holds for one set of them: tests/docs/test_demo_promise.py)."""
+    import torch
+
+    assert recorded["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert recorded["threads"] == 1 and recorded["env"]["OMP_NUM_THREADS"] == "1"
+    assert recorded["torch"] == torch.__version__ and recorded["gpu"] is None
+    if torch.backends.mkl.is_available():
+        assert recorded["mkl"] and recorded["mkl"][0].isdigit()
+    assert recorded["cpu"]
 
 
 def test_demo_workers_compute_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:

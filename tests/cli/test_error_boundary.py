@@ -179,6 +179,33 @@ def test_a_full_disk_while_metrics_are_written_names_the_file(
         sink.close()
 
 
+def test_a_tokenizer_regex_that_backtracks_without_end_is_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Oniguruma gives up on ``(a|aa)*$`` over a long run of "a" and tokenizers panics: Rust's
+    report (a backtrace under RUST_BACKTRACE) stays off the terminal, the line names the file
+    ([Note: a panic in tokenizers])."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.train_from_iterator(["hello world"] * 20,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("(a|aa)*$"), "isolated")
+    crafted = tmp_path / "crafted-tokenizer.json"
+    tok.save(str(crafted))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("a" * 60 + "!")
+    (corpus / "b.txt").write_text("hello world. " * 400)
+    monkeypatch.setenv("SUBNETDP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
+    code, err = run_cli([*T, "--tokenizer", str(crafted), "--data-dir", str(corpus), "--out",
+                         str(tmp_path / "out")], capfd)  # fd 2: Rust writes there
+    message = _one_line(code, err, f"{crafted}: the tokenizer failed while encoding the corpus "
+                        "(Onig: Regex search error: retry-limit-in-match over)")
+    assert "fix that tokenizer.json" in message
+
+
 @pytest.mark.parametrize(("builder", "name", "text"), [
     ("json", "bad.jsonl", '{"text": "one"}\n{"text": "two\n'),
     ("csv", "bad.csv", 'text,label\n"unclosed,1\n'),

@@ -71,3 +71,46 @@ def test_cuda_without_cuda_is_one_line_before_any_work(hf_folder, hflm_devices, 
     assert code == 2 and hflm_devices == []
     assert err.startswith("subnetdp eval: --device cuda: CUDA is not available") and \
         err.count("\n") == 1
+
+
+def test_an_hf_folder_without_tasks_is_told_how_to_score_it(hf_folder, capsys) -> None:
+    """Issue 41 item 10: not "train with --ckpt-every" (the folder is a model, not a run)."""
+    assert main(["eval", str(hf_folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"subnetdp eval: {hf_folder} is a Hugging Face model folder") and \
+        err.count("\n") == 1
+    assert f"`subnetdp eval {hf_folder} --tasks " in err and "lm_eval" in err
+    assert "--ckpt-every" not in err
+
+
+@pytest.mark.parametrize(("omp", "threads"), [(None, 1), ("2", 2)])
+def test_eval_computes_on_the_threads_train_gives_a_worker(hf_folder, capsys, monkeypatch,
+                                                           omp: str | None,
+                                                           threads: int) -> None:
+    """Issue 41 item 10: OMP_NUM_THREADS, 1 when unset (not torch's one per core)."""
+    import torch
+    import transformers
+
+    from subnetdp.evals.tasks import data_root
+
+    data_root()
+    seen: list[int] = []
+
+    class Loaded:
+        def to(self, device: Any) -> None:
+            seen.append(torch.get_num_threads())
+            raise ValueError("stopped after placing the model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *_, **__: Loaded())
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        _eval(capsys, hf_folder)
+    finally:
+        torch.set_num_threads(saved)
+    assert seen == [threads]

@@ -93,6 +93,26 @@ def test_composed_runs_train_and_count_fsdp_traffic(lm_runs, tmp_path) -> None:
         # blocks gathered in forward and again in backward, the root once; one reduce-scatter
         assert r["comm_bytes_per_step"] == 4 * (3 * blocks + 2 * shared)
         assert r["comm"]["by_collective"].keys() == {"fsdp"}
+    # the baseline whose checkpoints are not built trains on and says so (issue 41 item 9)
+    assert fsdp["checkpoint"] is None and "ddp with --fsdp" in fsdp["checkpoint_note"]
+    assert not (tmp_path / "fsdp" / "checkpoints").exists()
+
+
+def test_a_default_run_keeps_its_final_state(lm_runs, capsys) -> None:
+    """Issue 41 item 9: without --ckpt-every the run saves its state at the end, the summary
+    names it, and eval reads it: the validation loss the run reported, to the bit (eval
+    computes on the workers' one thread, item 10)."""
+    from subnetdp.metrics.report import format_summary
+
+    for out, summary in lm_runs.values():
+        assert summary["checkpoint"] == str(out / "checkpoints" / f"step_{STEPS:08d}")
+        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step_{STEPS:08d}"]
+        assert f"  checkpoint         {summary['checkpoint']} (subnetdp eval" in \
+            format_summary(summary)
+        capsys.readouterr()
+        assert main(["eval", str(out), "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["step"] == STEPS and result["val_loss"] == summary["val_loss"]
 
 
 def test_resnet_fmnist_reports_accuracy(tmp_path) -> None:

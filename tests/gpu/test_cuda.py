@@ -129,17 +129,31 @@ def test_bsdp_estimate_agrees_with_cuda_on_two_gpus() -> None:
         assert abs(est.per_rank[r].peak_bytes - cuda) <= 0.10 * cuda
 
 
+def train_on_own_text(tmp_path: Path, device: str, out: Path) -> int:
+    """A 6-step llama-tiny run on text written here: a bare GPU machine has no corpus."""
+    from subnetdp.cli import main
+
+    words = [f"w{i}" for i in range(300)]
+    g = torch.Generator().manual_seed(0)
+    picks = torch.randint(0, len(words), (60_000,), generator=g).tolist()
+    text = tmp_path / "text"
+    text.mkdir()
+    for d in range(8):  # documents, so that the validation split has some
+        chunk = picks[d * 7500:(d + 1) * 7500]
+        (text / f"doc{d}.txt").write_text(" ".join(words[i] for i in chunk))
+    return main(["train", "--recipe", "llama-tiny", "--strategy", "ddp", "--nproc", "1",
+                 "--steps", "6", "--log-every", "3", "--eval-every", "3", "--no-progress",
+                 "--data-dir", str(text), "--device", device, "--peak-tflops", "100",
+                 "--out", str(out)])
+
+
 @_needs(1)
 def test_training_run_on_cuda(tmp_path: Path) -> None:
     """`subnetdp train` on the GPU: TF32 on, validation of the assembled model on the GPU,
     memory/max_active from the allocator, mfu(%) from the device's peak."""
-    from subnetdp.cli import main
-
     out = tmp_path / "run"
-    assert main(["train", "--recipe", "llama-tiny", "--strategy", "ddp", "--nproc", "1",
-                 "--steps", "6", "--log-every", "3", "--eval-every", "3", "--no-progress",
-                 "--device", "cuda", "--peak-tflops", "100", "--out", str(out)]) == 0
-    rows = [json.loads(line) for line in (out / "metrics" / "rank0.jsonl").read_text().split()]
+    assert train_on_own_text(tmp_path, "cuda", out) == 0
+    rows = [json.loads(line) for line in (out / "metrics" / "rank0.jsonl").read_text().splitlines()]
     assert all(r["memory/max_active(GiB)"] > 0 and r["mfu(%)"] > 0 for r in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert 0 < summary["val_loss"] < 20

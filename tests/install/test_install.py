@@ -74,8 +74,12 @@ def test_pip_install_then_train_on_a_text_folder(tmp_path: Path) -> None:
     assert summary["world"] == 2 and 0 < summary["val_loss"] < 20
 
     where = subprocess.run([py, "-c", "import subnetdp, pathlib; p = pathlib.Path("
-                            "subnetdp.__file__).parent; print(p, (p / 'py.typed').exists(), "
-                            "subnetdp.__version__)"], env=env, cwd=tmp_path,
+                            "subnetdp.__file__).parent; t = p / 'evals' / 'lm_eval_tasks'; "
+                            "print(p, (p / 'py.typed').exists(), subnetdp.__version__, "
+                            "len(list(t.glob('*.yaml'))), (t / '_template_yaml').exists(), "
+                            "(t / 'utils.py').exists())"], env=env, cwd=tmp_path,
                            capture_output=True, text=True, check=True).stdout.split()
     assert Path(where[0]).is_relative_to(env_dir) and where[1] == "True"
     assert where[2] == subnetdp.__version__
+    # the lm-eval task configs (package data): lm_eval --include_path reads them there
+    assert where[3:] == ["10", "True", "True"]

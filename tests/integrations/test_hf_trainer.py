@@ -10,7 +10,8 @@ norm clipping:
 - ``SDPTrainer`` for 3 steps (checkpoint-3), and a fresh one resumed from it to 6: steps 4-6
   equal the straight run's (the optimizer state came back from the shards);
 - n-sdp (heads and MLP units of every layer, ``hf_decoder_adapter``) for 5 steps: equal to
-  the own loop, and its full, unnarrowed model loads in ``LlamaForCausalLM``.
+  the own loop, and its full, unnarrowed model loads in ``LlamaForCausalLM``;
+- two more trainings in the same worker, each dropped: the live tensor bytes do not grow.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import transformers
 
 from subnetdp.strategy import PlanSpec
 from tests.dist.harness import run_workers
+from tests.dist.tensors import live_bytes, settled
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
 
@@ -112,7 +114,19 @@ def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
     if rank == 0:
         out["export_differs"] = _differs(f"{folder}/export", full)
         out["n_export_differs"] = _differs(f"{folder}/n-export", full_n)
+    del trainer
+    out["live_bytes"] = _live_bytes_over_trainings(folder)
     return out
+
+
+def _live_bytes_over_trainings(folder: str) -> list[int]:
+    """Live tensor bytes now and after each of two more trainings, whose trainers are dropped
+    (issue 42: a build is freed when dropped)."""
+    sizes = [live_bytes()]
+    for i in range(2):
+        _trainer(f"{folder}/again{i}", 2, []).train()
+        sizes.append(settled(live_bytes, lambda b: b == sizes[0]))
+    return sizes
 
 
 def _differs(folder: str, want: dict[str, torch.Tensor]) -> list[str]:
@@ -133,6 +147,8 @@ def test_sdp_trainer_equals_own_loop_and_resumes_exactly(tmp_path: Path) -> None
     assert results[0]["straight"] != results[1]["straight"]
     assert results[0]["export_differs"] == [] and results[0]["n_export_differs"] == []
     assert (tmp_path / "b" / "checkpoint-3" / "sdp").is_dir()
+    for r in results:  # train twice more in the same process: memory stays flat
+        assert len(set(r["live_bytes"])) == 1, r["live_bytes"]
 
 
 @pytest.mark.parametrize(("options", "says"), [
@@ -149,3 +165,55 @@ def test_sdp_trainer_refuses_what_it_cannot_do(tmp_path: Path, options: dict[str
                                           **options)
     with pytest.raises(ValueError, match=says):
         SDPTrainer(model=_model(), args=args)
+
+
+@pytest.fixture
+def no_launcher(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A plain ``python train.py``: no launcher's variables, no process group; the group
+    SDPTrainer makes is destroyed after the test (it would outlive it in this process)."""
+    from subnetdp.distributed.process_group import LAUNCHER_VARS, shutdown_distributed
+
+    for var in (*LAUNCHER_VARS, "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    assert not torch.distributed.is_initialized()
+    yield
+    shutdown_distributed()
+
+
+def _one_process_losses(trainer_class: Any, folder: str, **sdp: Any) -> list[float]:
+    losses: list[float] = []
+
+    class Recording(trainer_class):  # type: ignore[misc, valid-type]
+        def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+            loss = super().compute_loss(*args, **kwargs)
+            losses.append(loss.item())
+            return loss
+
+    args = transformers.TrainingArguments(
+        output_dir=folder, max_steps=3, per_device_train_batch_size=2, learning_rate=LR,
+        lr_scheduler_type="constant", max_grad_norm=CLIP, save_strategy="no", report_to=[],
+        remove_unused_columns=False, use_cpu=True, disable_tqdm=True)
+    Recording(model=_model(), args=args, train_dataset=_data(), **sdp).train()
+    return losses
+
+
+def test_sdp_trainer_as_one_process(tmp_path: Path, no_launcher: None) -> None:
+    """Issue 41, item 12: under plain ``python`` (or ``accelerate launch`` that starts one
+    process) SDPTrainer runs in a world of one: with coverage 1 it trains as the plain
+    ``Trainer`` does (up to rounding); the default coverage 0.5 cannot give the one process
+    every block and is refused in one line that names torchrun and the keyword that makes one
+    process work (no CLI flag)."""
+    from subnetdp.integrations.hf_trainer import SDPTrainer
+    from subnetdp.plan import PlanError
+
+    plain = _one_process_losses(transformers.Trainer, str(tmp_path / "plain"))
+    one = _one_process_losses(SDPTrainer, str(tmp_path / "one"), plan=PlanSpec(coverage=1.0))
+    # the same steps as the plain Trainer's; only the norm's summation order may differ (the
+    # wrapper sums per block; transformers 5.3 then rounds the clip factor 1 ulp apart)
+    assert len(one) == 3 and one == pytest.approx(plain, rel=1e-6, abs=0)
+    with pytest.raises(PlanError) as err:
+        _one_process_losses(SDPTrainer, str(tmp_path / "half"), plan=PlanSpec(coverage=0.5))
+    said = str(err.value)
+    assert "\n" not in said and err.value.__suppress_context__
+    assert "torchrun --nproc-per-node N" in said and "coverage=1.0" in said
+    assert "--world" not in said and "--coverage" not in said

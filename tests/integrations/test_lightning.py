@@ -10,7 +10,8 @@ batches, AdamW and norm clipping:
 - ``SDPStrategy(...)`` for 3 steps, ``trainer.save_checkpoint``, then a fresh module and
   trainer resumed with ``fit(ckpt_path=...)`` to 6: steps 4-6 equal too (the optimizer state
   came back from the shards), and the checkpoint's model loads with ``load_from_checkpoint``
-  into the plain class, equal to the loop's model after 3 steps.
+  into the plain class, equal to the loop's model after 3 steps;
+- two more fits in the same worker, each dropped: the live tensor bytes do not grow.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from subnetdp.strategy import PlanSpec
 from tests.dist.harness import run_workers
+from tests.dist.tensors import live_bytes, settled
 from tests.dist.toy import Toy, toy_batch, toy_loss
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(300)]
@@ -115,7 +117,20 @@ def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
         plain = ToyModule.load_from_checkpoint(ckpt)  # the plain class, no strategy
         out["export_equal"] = _equal(plain.state_dict(), states[3])
         out["after_fit_equal"] = _equal(after_fit, states[6])
+    out["live_bytes"] = _live_bytes_over_fits()
     return out
+
+
+def _live_bytes_over_fits() -> list[int]:
+    """Live tensor bytes now and after each of two more fits, whose modules and trainers are
+    dropped (issue 42: a build is freed when dropped)."""
+    from subnetdp.integrations.lightning import SDPStrategy
+
+    sizes = [live_bytes()]
+    for _ in range(2):
+        _fit(SDPStrategy("b-sdp", plan=PlanSpec(coverage=0.5)), 2)
+        sizes.append(settled(live_bytes, lambda b: b == sizes[0]))
+    return sizes
 
 
 def _equal(a: Any, b: Any) -> list[str]:
@@ -137,6 +152,8 @@ def test_lightning_strategy_equals_own_loop_and_resumes_exactly(tmp_path: Path) 
     assert results[0]["after_fit_equal"] == []
     shards = [p.name for p in (tmp_path / "three.sdp" / "checkpoints").glob("step_*")]
     assert shards == ["step_00000003"]
+    for r in results:  # fit twice more in the same process: memory stays flat
+        assert len(set(r["live_bytes"])) == 1, r["live_bytes"]
 
 
 def test_strategy_refuses_what_it_cannot_build() -> None:

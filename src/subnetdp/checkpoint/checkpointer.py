@@ -100,6 +100,9 @@ class RunOptions(Protocol):
     ckpt_keep: int
     reshard: bool
 
+    @property
+    def save_final(self) -> bool: ...
+
     def to_dict(self) -> dict[str, Any]: ...
 
 
@@ -128,9 +131,11 @@ class Checkpointer:
         self.parent: str | None = None
 
     def due(self, done: int) -> bool:
-        """Save after ``done`` steps? Every ``ckpt_every`` steps and at the end of the run."""
+        """Save after ``done`` steps? Every ``ckpt_every`` steps, and at the end of the run
+        (``save_final``)."""
         every = self.cfg.ckpt_every
-        return every > 0 and (done % every == 0 or done == self.cfg.steps)
+        return (every > 0 and done % every == 0) or (done == self.cfg.steps
+                                                     and self.cfg.save_final)
 
     def save(self, done: int) -> Path:
         """Write the checkpoint of step ``done`` (steps completed); returns its folder.

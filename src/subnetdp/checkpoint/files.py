@@ -127,8 +127,9 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
         newest = newest_checkpoint(root) if root.is_dir() else None
         if newest is not None:
             return newest
-    raise CheckpointError(f"{p} holds no complete checkpoint; train with --ckpt-every N to "
-                          "write checkpoints")
+    raise CheckpointError(f"{p} holds no complete checkpoint: a run saves its state at its end "
+                          "(unless --no-final-ckpt) and every --ckpt-every N steps, and this "
+                          "one ended before either; train again")
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """``subnetdp bench``: estimated memory, analytic communication, measured step time.
 
-    subnetdp bench memory --recipe llama-1b --world 8 --strategy b-sdp --coverage 0.69 \\
+    subnetdp bench memory --recipe llama-1b --nproc 8 --strategy b-sdp --coverage 0.69 \\
         --batch-size 1 --seq-len 2048 [--fsdp] [--ac] [--zero 1|2]
         [--dtype fp32|bf16-mixed|bf16] [--json]
-    subnetdp bench comm   --recipe llama-1b --world 8 --strategy b-sdp --coverage 0.69 [--json]
-    subnetdp bench step   --recipe llama-tiny --world 4 --batch-size 8 --seq-len 128 \\
+    subnetdp bench comm   --recipe llama-1b --nproc 8 --strategy b-sdp --coverage 0.69 [--json]
+    subnetdp bench step   --recipe llama-tiny --nproc 4 --batch-size 8 --seq-len 128 \\
         [--strategies ddp,b-sdp,...] [--coverage 0.5] [--steps 10] [--warmup 3] [--json]
         [--compute] [--link 300mbit[,latency=1ms] [--nodes 2]]
     subnetdp bench all    (memory and comm for every strategy, one table)

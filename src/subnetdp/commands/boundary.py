@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -29,6 +30,8 @@ _FIXES = {
     errno.ENOTDIR: "a part of that path is a file, not a folder; use another path",
     errno.EISDIR: "it is a folder; give a file",
     errno.ENAMETOOLONG: "use a shorter path",
+    errno.ELOOP: "a symbolic link there points back into itself; fix the link or give the "
+                 "real path",
 }
 
 
@@ -54,6 +57,10 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"{name}: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # a bug: its traceback goes to a file, the user gets one line
+        loop = _symlink_loop(e)
+        if loop is not None:
+            print(f"{name}: {os_error_line(loop)}", file=sys.stderr)
+            return 2
         lost = _lost_peer_line(e)
         if lost:  # under torchrun each survivor of a dead rank ends here: not our bug
             print(f"{name}: {lost}", file=sys.stderr)
@@ -64,6 +71,15 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"{name}: internal error {type(e).__name__}: {e}; please report it with the "
               f"traceback in {path}", file=sys.stderr)
         return 1
+
+
+def _symlink_loop(e: Exception) -> OSError | None:
+    """pathlib's ``resolve`` (before Python 3.13) reports a symbolic link loop as
+    ``RuntimeError("Symlink loop from '<path>'")``: the ``OSError`` (ELOOP) that it is since."""
+    found = re.fullmatch(r"Symlink loop from '(.*)'", str(e))
+    if not isinstance(e, RuntimeError) or found is None:
+        return None
+    return OSError(errno.ELOOP, os.strerror(errno.ELOOP), found.group(1))
 
 
 def _lost_peer_line(e: Exception) -> str | None:

@@ -34,14 +34,35 @@ def add_parser(subparsers: Any) -> None:
                         help="where to evaluate (default: the run's own --device, cpu with "
                              "--tasks)")
     p.add_argument("--tasks", default=None,
-                   help="downstream tasks instead of validation loss, comma-separated: "
-                        "arc_easy,boolq,hellaswag,openbookqa,sciq (path may also be an "
-                        "`export --format hf` folder)")
+                   help="downstream tasks instead of validation loss, comma-separated, e.g. "
+                        "arc_easy,sciq (path may also be an `export --format hf` folder)")
+    p.add_argument("--list-tasks", action=ListTasks,
+                   help="list the downstream tasks available here and exit")
     p.add_argument("--limit", type=int, default=None,
                    help="--tasks: only the first N documents of each task")
     p.add_argument("--out", default=None, metavar="FILE",
                    help="--tasks: also write the result to this JSON file (default: stdout "
                         "only)")
+
+
+class ListTasks(argparse.Action):
+    """``--list-tasks``: print the available tasks and the lm-eval configs' folder, and exit
+    (as ``--version`` does: no PATH needed)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from subnetdp.evals.tasks import PREFIX, TASK_DIR, EvalDataMissingError, available_tasks
+
+        try:
+            names = available_tasks()
+        except EvalDataMissingError as e:
+            parser.exit(2, f"subnetdp eval: {e}\n")
+        print("\n".join(names))
+        print(f"(lm-eval configs: lm_eval --include_path {TASK_DIR} --tasks {PREFIX}NAME)",
+              file=sys.stderr)
+        parser.exit(0)
 
 
 # options of downstream evaluation only: without --tasks they would be ignored
@@ -50,12 +71,14 @@ TASKS_ONLY = ("limit", "out")
 
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
+    from subnetdp.distributed.process_group import set_threads
 
     given = [f"--{name}" for name in TASKS_ONLY if getattr(args, name) is not None]
     if args.tasks is None and given:
         print(f"subnetdp eval: {given[0]} has no effect without --tasks (it applies to "
               "downstream evaluation only); drop it, or add --tasks", file=sys.stderr)
         return 2
+    set_threads()  # as train's workers compute: the same figures, and no oversubscription
     if args.tasks is not None:
         return run_downstream(args)
     from subnetdp.train.evaluation import evaluate_path

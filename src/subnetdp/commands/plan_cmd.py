@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -212,7 +213,7 @@ def plan_from_args(args: argparse.Namespace, strategy: Strategy,
     """The plan the arguments describe, and the recipe name if one was used."""
     if strategy.neuron_level:
         if args.recipe is None or args.world is None or args.coverage is None:
-            raise PlanError(f"--strategy {strategy.name} needs --recipe NAME, --world N and "
+            raise PlanError(f"--strategy {strategy.name} needs --recipe NAME, --nproc N and "
                             "--coverage C")
         if args.plan_file is not None:
             raise PlanError(f"--plan-file does not combine with --strategy {strategy.name} "
@@ -224,7 +225,7 @@ def plan_from_args(args: argparse.Namespace, strategy: Strategy,
     if args.units is None and args.recipe is None:
         raise PlanError("give --units N or --recipe NAME (or --plan-file FILE)")
     if args.world is None:
-        raise PlanError("give --world N, the number of workers")
+        raise PlanError("give --nproc N, the number of workers")
     capacities = _capacities(args.capacities, args.world)
     if capacities is not None:
         if args.scheme not in (None, "balanced"):
@@ -249,7 +250,7 @@ def _capacities(text: str | None, world: int) -> list[float] | None:
     except ValueError:
         raise PlanError(f"--capacities takes numbers separated by commas, got {text!r}") from None
     if len(caps) != world:
-        raise PlanError(f"--capacities has {len(caps)} values for --world {world}; give one "
+        raise PlanError(f"--capacities has {len(caps)} values for --nproc {world}; give one "
                         "per worker")
     return caps
 
@@ -377,6 +378,8 @@ def _budget(args: argparse.Namespace) -> int:
         except ValueError:
             raise ValueError(f"--memory-gb takes numbers separated by commas, got "
                              f"{args.memory_gb!r}") from None
+        if not all(math.isfinite(b) and b > 0 for b in budgets):
+            raise ValueError(f"--memory-gb takes finite budgets > 0 GB, got {args.memory_gb}")
         world = args.world if len(budgets) == 1 else len(budgets)
         comm_mb = comm_mem_mb(args.comm_mem_mb, nccl=True)  # plan plans for NCCL GPUs
         if args.recipe is None or world is None:

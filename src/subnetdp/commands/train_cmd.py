@@ -117,7 +117,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
 
     k = g["ckpt"]
     k.add_argument("--ckpt-every", type=int, default=d.ckpt_every, metavar="N",
-                   help="write a sharded checkpoint every N steps and at the end (0: never)")
+                   help="also write a sharded checkpoint every N steps (0: only the final "
+                        "one)")
+    k.add_argument("--no-final-ckpt", dest="final_ckpt", action="store_false", default=None,
+                   help="do not save the state at the end of the run (default: saved, so "
+                        "that export, eval and --resume --steps can use it)")
     k.add_argument("--ckpt-keep", type=int, default=d.ckpt_keep, metavar="K",
                    help="keep the newest K checkpoints")
     k.add_argument("--max-restarts", type=int, default=d.max_restarts,
@@ -151,7 +155,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                    metavar="S", help="stop the run when a collective waits S seconds for a "
                                      "peer, naming the rank that hung (also bounds worker "
                                      "start-up; evaluation and checkpoint writes get longer; "
-                                     "default %(default)g)")
+                                     "default %(default)g, at most 604800: a week)")
 
     lg = g["log"]
     lg.add_argument("--log-every", type=int, default=d.log_every, metavar="N",
@@ -177,8 +181,8 @@ def add_eval_task_arguments(p: Container) -> None:
     """Downstream accuracy with each validation (issue 31; docs/checkpointing.md)."""
     p.add_argument("--eval-tasks", type=_tasks, default=None, metavar="T1,T2",
                    help="LLaMA: also score the assembled model on these lm-eval tasks with "
-                        "each validation (arc_easy,boolq,hellaswag,openbookqa,sciq; metrics "
-                        "eval/<task>/acc, acc_norm; default: none)")
+                        "each validation (e.g. arc_easy,sciq; `subnetdp eval --list-tasks` "
+                        "lists them; metrics eval/<task>/acc, acc_norm; default: none)")
     p.add_argument("--eval-limit", type=int, default=None, metavar="N",
                    help="with --eval-tasks: only the first N documents of each task "
                         "(default: all)")
@@ -240,6 +244,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in names and v is not None}
     values["model_args"] = dict(parse_model_arg(a) for a in args.model_arg)
+    from_file: dict[str, Any] = {}
     if getattr(args, "config", None):
         from subnetdp.train.config_file import load_config_file, merge_config
 
@@ -255,12 +260,15 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if values.get("resume"):
         from subnetdp.train.resume import resume_config
 
-        if "init_from" in _explicit_options(args):
+        explicit = _explicit_options(args)
+        if "init_from" in explicit:
             raise ValueError("--init-from starts a new run from a Hugging Face folder; --resume "
                              "continues a run from its checkpoint, which holds its weights: "
                              "drop one of them")
-        cfg = resume_config(values["resume"], values, _explicit_options(args))
-        check_applicable(cfg, only=_explicit_options(args))  # the run's own values stand
+        # a config file's options are held to what a resume may change, as the command line's
+        cfg = resume_config(values["resume"], values, explicit, from_file=set(from_file),
+                            where=f"--config {getattr(args, 'config', None)}")
+        check_applicable(cfg, only=explicit | set(from_file))  # the run's own values stand
         return cfg
     values.setdefault("nproc", 4)
     cfg = TrainConfig(**values)

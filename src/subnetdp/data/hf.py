@@ -29,6 +29,13 @@ _INSTALL = "pip install 'subnetdp[data]'"
 
 def hf_files(dataset: str | None, data_files: list[str]) -> list[CorpusFile]:
     """The local files a ``--dataset``/``--data-files`` source reads (the token cache key)."""
+    if dataset is not None and dataset not in _BUILDERS.values() \
+            and not Path(dataset).expanduser().is_dir():  # a hub name: never fetched here
+        raise DatasetMissingError(
+            f"--dataset {dataset} is neither a local dataset folder nor a builder "
+            f"({', '.join(sorted(set(_BUILDERS.values())))}); subnetdp reads local data only: "
+            f"save it where the hub is reachable (datasets.load_dataset({dataset!r})"
+            ".save_to_disk(DIR)) and pass --dataset DIR")
     if dataset is not None and Path(dataset).expanduser().is_dir() and not data_files:
         root = Path(dataset).expanduser()
         return [CorpusFile(p.relative_to(root).as_posix(), p)

@@ -6,8 +6,11 @@ Both are plain ``tokenizers.Tokenizer`` objects (save/load as one JSON file, fas
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -68,6 +71,42 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return Tokenizer.from_file(str(p))
     except Exception as e:  # tokenizers raises a bare Exception for a malformed file
         raise ValueError(f"--tokenizer {p} is not a tokenizers JSON file ({e})") from None
+
+
+# [Note: a panic in tokenizers]
+# tokenizers is Rust: a regex in a tokenizer.json that backtracks without end (say
+# ``(a|aa)*$`` on a long run of "a") makes Oniguruma give up, and the library panics. Python
+# gets a ``PanicException`` (a BaseException, past every ``except Exception``) after Rust has
+# printed the panic and, under RUST_BACKTRACE, a backtrace of a hundred lines to stderr. So
+# encoding runs with stderr in a file: a panic becomes one line naming the tokenizer file,
+# anything else written meanwhile is passed on as it was.
+
+
+@contextlib.contextmanager
+def tokenizer_panics(path: str) -> Iterator[None]:
+    """A panic of tokenizers in the block becomes a ``ValueError`` naming ``path``, the
+    tokenizer file; Rust's report of it is kept off the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    panic = None
+    with tempfile.TemporaryFile() as report:
+        os.dup2(report.fileno(), 2)
+        try:
+            yield
+        except BaseException as e:
+            if type(e).__name__ != "PanicException":  # pyo3's, not importable by name
+                raise
+            panic = e
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if panic is None:  # what others wrote meanwhile (a warning, say), as it was
+                report.seek(0)
+                sys.stderr.write(report.read().decode(errors="replace"))
+    if panic is not None:
+        raise ValueError(f"{path}: the tokenizer failed while encoding the corpus "
+                         f"({' '.join(str(panic).split())}); fix that tokenizer.json (its "
+                         "regular expressions) or use another --tokenizer") from None
 
 
 def eot_id(tok: Tokenizer) -> int:

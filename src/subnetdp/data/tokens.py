@@ -43,6 +43,7 @@ from subnetdp.data.tokenizer import (
     eot_id,
     load_gpt2_tokenizer,
     load_tokenizer,
+    tokenizer_panics,
     train_bpe,
 )
 
@@ -121,8 +122,10 @@ def _build(out: Path, *, kind: TokenizerKind, vocab_size: int, data_dir: str | N
         tok = load_tokenizer(kind)
     eot = eot_id(tok)
     _write_atomic(out / "tokenizer.json", tok)
-    _write_atomic(out / "train.bin", _encode(tok, train_docs, eot))
-    _write_atomic(out / "val.bin", _encode(tok, val_docs, eot))
+    with tokenizer_panics(kind):
+        train, val = _encode(tok, train_docs, eot), _encode(tok, val_docs, eot)
+    _write_atomic(out / "train.bin", train)
+    _write_atomic(out / "val.bin", val)
     meta = {
         "files": {name: file_entry(out / name) for name in ENTRY_FILES},
         "corpus": corpus_identity(source.corpus(data_dir)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import multiprocessing
 import os
@@ -67,6 +68,7 @@ class WorkerFailedError(RuntimeError):
         # the rank that failed first: the cause (the others often only lost their peer)
         self.first = next(iter(failures)) if first is None else first
         self.log: str | None = None  # where the caller wrote ``str(self)``, if it did
+        self.mapped: list[str] = []  # files the workers memory-map, when the caller knows
 
     @property
     def summary(self) -> str:
@@ -79,7 +81,7 @@ class WorkerFailedError(RuntimeError):
             lost_peer(self.failures[r][1]), r != self.first))
         rank = order[0]
         code, text = self.failures[rank]
-        last = _cause_line(code, text)
+        last = _cause_line(code, text, self.mapped)
         others = f" (and {len(self.failures) - 1} more rank(s))" if len(self.failures) > 1 \
             else ""
         where = f"; tracebacks in {self.log}" if self.log else ""
@@ -175,7 +177,8 @@ def launch(
             ["__main__", "subnetdp.distributed._fork_server", "torch", "torch._dynamo",
              "torch.distributed", getattr(fn, "__module__", "torch")])
     port = free_port()
-    logs = _shared_logs(DefaultLogsSpecs)(
+    errors = tempfile.TemporaryDirectory(prefix="subnetdp-errors-")
+    logs = _shared_logs(DefaultLogsSpecs, errors.name)(
         log_dir=log_dir,
         redirects=Std.ALL if log_dir else Std.NONE,
         tee={0: Std.OUT} if log_dir and tee_rank0 else Std.NONE,
@@ -205,6 +208,7 @@ def launch(
     # Disabled, rank 0 of each attempt hosts a fresh store.
     restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
     with (
+        errors,
         _preserved_process_state(),
         default_env(OMP_NUM_THREADS="1", **restart_env),
         _launcher_pid(),
@@ -234,9 +238,13 @@ def launch(
 SHUTDOWN_GRACE_S = 30  # SIGTERM to the workers, then SIGKILL after this many seconds
 
 
-def _shared_logs(base: type) -> type:
+def _shared_logs(base: type, errors: str) -> type:
     """``base`` (torch's DefaultLogsSpecs, imported with the launch) whose per-run log folder,
-    a ``mkdtemp`` (0700), gets the umask's mode: teammates read a failed run's logs."""
+    a ``mkdtemp`` (0700), gets the umask's mode: teammates read a failed run's logs. Each
+    worker's error file (its traceback, for the agent) lies in ``errors``, a temporary folder
+    off the run's disk: a worker whose error was a full disk still reports it (an empty error
+    file fails the agent with a JSONDecodeError instead)."""
+    attempts = itertools.count()
 
     class SharedLogsSpecs(base):  # type: ignore[misc,valid-type]
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
@@ -244,6 +252,12 @@ def _shared_logs(base: type) -> type:
             run_dir = getattr(self, "_run_log_dir", None)
             if run_dir and os.path.isdir(run_dir):
                 share(run_dir)
+            attempt = next(attempts)
+            for rank in specs.error_files:
+                if not envs[rank].get("TORCHELASTIC_ERROR_FILE"):  # logs off: none
+                    continue
+                path = os.path.join(errors, f"{attempt}-{rank}.json")
+                specs.error_files[rank] = envs[rank]["TORCHELASTIC_ERROR_FILE"] = path
             return specs
 
     return SharedLogsSpecs
@@ -323,7 +337,7 @@ def _agent_log(log_dir: str | None) -> Iterator[None]:
         return
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     # not logging.FileHandler: it would append through a link planted at agent.log
-    handler = logging.StreamHandler(append_text(Path(log_dir) / "agent.log"))
+    handler = _QuietHandler(append_text(Path(log_dir) / "agent.log"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic",
                                               "torch.distributed.launcher",
@@ -339,7 +353,17 @@ def _agent_log(log_dir: str | None) -> Iterator[None]:
             lg.removeHandler(handler)
             lg.propagate = prop
         handler.close()
-        handler.stream.close()
+        with contextlib.suppress(OSError):  # a full disk: the buffered tail is lost
+            handler.stream.close()
+
+
+class _QuietHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """agent.log is a copy for later reading: a write that fails (a full disk) is skipped
+    silently, not printed as a traceback on the terminal; the failure that matters is the
+    workers', which the launch reports."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
 
 
 # [Note: fork and the garbage collector]
@@ -434,9 +458,10 @@ class _Worker:
 PEER_GRACE_S = 3.0
 
 
-def _cause_line(code: int, text: str) -> str:
+def _cause_line(code: int, text: str, mapped: list[str] | None = None) -> str:
     """The line that says why a worker ended: its exception's last line, or for a worker
-    ended by a signal (no traceback: torch's text is then a link to its docs) the signal."""
+    ended by a signal (no traceback: torch's text is then a link to its docs) the signal and
+    its likely cause; ``mapped``: the files the workers memory-map, named for SIGBUS."""
     sig = -code if code < 0 else code - 128 if code > 128 else 0
     if sig and (not text.strip() or "pytorch.org" in text or text.startswith("Signal ")):
         try:
@@ -444,13 +469,34 @@ def _cause_line(code: int, text: str) -> str:
         except ValueError:
             name = f"signal {sig}"
         how = "killed by" if code < 0 else "stopped on"
-        return (f"{how} {name} from outside the run (kill, a scheduler or the OOM killer); "
-                "resume with --resume")
+        return f"{how} {name}{_signal_cause(name, mapped or [])}"
     last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
     kind, sep, msg = last.partition(": ")
     if sep and " " not in kind:  # "pkg.module.SomeError: msg" -> "SomeError: msg"
         last = f"{kind.rsplit('.', 1)[-1]}: {msg}"
     return last
+
+
+# [Note: signals from inside]
+# SIGBUS, SIGSEGV, SIGILL and SIGFPE are raised by the worker's own memory access or
+# instruction, not sent by kill or a scheduler. SIGBUS on a healthy machine means a
+# memory-mapped file (the token files) shrank or changed under the run: --resume alone maps the
+# same file again, so the line says to restore it first. The others are a native crash.
+_NATIVE = frozenset({"SIGSEGV", "SIGILL", "SIGFPE"})
+
+
+def _signal_cause(name: str, mapped: list[str]) -> str:
+    """What a worker's death by signal ``name`` most likely means, and what to do."""
+    if name == "SIGBUS":
+        files = f" (the run maps {', '.join(mapped)})" if mapped else ""
+        return (f": a memory-mapped file was truncated or changed under the run{files}; "
+                "restore or rebuild it (a token cache is rebuilt when its folder is removed) "
+                "before --resume, which maps it again")
+    if name in _NATIVE:
+        return (": a native crash inside the worker (torch, a compiled kernel or an "
+                "extension), not a signal from outside; PYTHONFAULTHANDLER=1 shows where in the "
+                "worker's log")
+    return " from outside the run (kill, a scheduler or the OOM killer); resume with --resume"
 
 
 def _failure_text(f: Any) -> str:

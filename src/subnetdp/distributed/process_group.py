@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["LAUNCHER_VARS", "default_env", "gloo_loopback", "init_distributed",
-           "shutdown_distributed", "under_launcher"]
+           "one_process_group", "set_threads", "shutdown_distributed", "under_launcher"]
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -56,6 +56,16 @@ def default_env(**defaults: str) -> Iterator[None]:
             os.environ.pop(k, None)
 
 
+def set_threads() -> int:
+    """This process's intra-op threads: ``OMP_NUM_THREADS``, 1 when unset, as every worker of
+    ``train`` computes (``launch``, torchrun). torch's own default, one per core, spins
+    against every other process on a shared machine: ``eval`` took 40x longer on a busy
+    2-core machine. Returns the count."""
+    threads = int(os.environ.get("OMP_NUM_THREADS", 1))
+    torch.set_num_threads(threads)
+    return threads
+
+
 def init_distributed(backend: str | None = None,
                      timeout: float | None = None) -> tuple[int, int]:
     """Create the default process group in a worker and return ``(rank, world_size)``.
@@ -65,7 +75,7 @@ def init_distributed(backend: str | None = None,
     wait for a peer (None: torch's default, 30 min on CPU). Outside any launcher this makes a
     one-process group, so the same training code also runs as a plain script. Idempotent.
     """
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
+    set_threads()
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if backend is None:
@@ -79,11 +89,17 @@ def init_distributed(backend: str | None = None,
         # env:// rendezvous set up by the launcher. [Note: split communicators]
         dist.init_process_group(backend=backend, timeout=wait, device_id=device_id)
     else:
-        # An in-memory store: no port to pick and nothing shared with other runs.
-        with default_env(**gloo_loopback()):
-            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
-                                    world_size=1, timeout=wait, device_id=device_id)
+        one_process_group(backend, timeout=wait, device_id=device_id)
     return dist.get_rank(), dist.get_world_size()
+
+
+def one_process_group(backend: str, *, timeout: timedelta | None = None,
+                      device_id: torch.device | None = None) -> None:
+    """The default group of a world of one, for a process that no launcher started."""
+    # An in-memory store: no port to pick and nothing shared with other runs.
+    with default_env(**gloo_loopback()):
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0,
+                                world_size=1, timeout=timeout, device_id=device_id)
 
 
 def shutdown_distributed() -> None:

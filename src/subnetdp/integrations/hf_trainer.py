@@ -3,7 +3,7 @@
     trainer = SDPTrainer(model=LlamaForCausalLM(cfg), args=TrainingArguments(
         ..., remove_unused_columns=False), train_dataset=..., strategy="b-sdp",
         plan=PlanSpec(coverage=0.5))
-    trainer.train()           # under torchrun (NCCL), or gloo on the CPU
+    trainer.train()           # under torchrun (NCCL, or gloo on the CPU); plain python: 1 process
     trainer.save_model(out)   # every rank: the full model, LlamaForCausalLM.from_pretrained(out)
 
 The ``Trainer`` hands the model to accelerate, which would DDP-wrap it (and
@@ -27,22 +27,30 @@ that accelerate prepares only the optimizer and the data. What else changes:
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 try:
+    import transformers
     from transformers import Trainer, TrainingArguments
 except ImportError:
     raise ImportError("subnetdp.integrations.hf_trainer needs transformers: pip install "
                       "'subnetdp[hf]'") from None
+if not hasattr(Trainer, "_clip_grad_norm"):  # before 5.3 it clipped inline, by one rank's norm
+    raise ImportError(f"SDPTrainer needs transformers>=5.3 (tested: 5.3 to 5.25), found "
+                      f"{transformers.__version__}: pip install 'subnetdp[hf]'")
 
+from subnetdp.distributed.process_group import one_process_group, shutdown_distributed
 from subnetdp.integrations.hf_models import hf_decoder_adapter
 from subnetdp.integrations.wrap import SDPOptions
-from subnetdp.plan import Plan
+from subnetdp.plan import Plan, PlanError
+from subnetdp.runtime.wrapper import SubnetDataParallel
 from subnetdp.strategy import Composition, PlanSpec, RankSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.train.script import load, save
@@ -81,7 +89,7 @@ class SDPTrainer(Trainer):
         if getattr(config, "use_cache", False):
             config.use_cache = False  # a dropped block cannot fill a KV cache
         device = args.device  # (sets up the process group, under torchrun)
-        self.sdp = options.wrap(model, device)
+        self.sdp = _wrap(options, model, device)
         super().__init__(model=model, args=args, **kwargs)
 
     # -- the model: ours, not accelerate's -------------------------------------------------
@@ -139,3 +147,21 @@ class SDPTrainer(Trainer):
         raw = getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps it
         assert isinstance(raw, torch.optim.Optimizer)
         return raw
+
+
+def _wrap(options: SDPOptions, model: nn.Module,
+          device: torch.device) -> SubnetDataParallel:
+    """This rank's ``SubnetDataParallel``; in a process no launcher started (plain
+    ``python``, or ``accelerate launch`` without a multi-process setup), over a world of one,
+    which only a plan that gives the one process every block fits."""
+    if not dist.is_initialized():
+        one_process_group("nccl" if device.type == "cuda" else "gloo")
+        atexit.register(shutdown_distributed)
+    try:
+        return options.wrap(model, device)
+    except PlanError as e:
+        if dist.get_world_size() > 1:
+            raise
+        raise PlanError(f"SDPTrainer runs in 1 process here: start N >= 2 with `torchrun "
+                        "--nproc-per-node N train.py`, or pass plan=PlanSpec(coverage=1.0) to "
+                        f"train the whole model in this one ({e})") from None

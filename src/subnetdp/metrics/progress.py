@@ -12,6 +12,7 @@ those lines (``LiveBar``).
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 import threading
@@ -20,7 +21,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-__all__ = ["LiveBar", "Progress"]
+__all__ = ["LiveBar", "Progress", "draws_bar"]
+
+
+def draws_bar(stream: TextIO) -> bool:
+    """Can a bar be drawn on ``stream``: a terminal that reports a width? A terminal of zero
+    columns (a pseudo-terminal nobody sized: some containers, CI runners and ``script``) makes
+    ``tqdm(dynamic_ncols=True)`` draw nothing at all, so it gets the plain lines instead."""
+    try:
+        return stream.isatty() and os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, OSError, ValueError):  # no file descriptor, or a closed one
+        return False
 
 
 class Progress:
@@ -30,7 +41,8 @@ class Progress:
     ``step`` counts completed steps (1..total); ``start``: the steps done before (a resumed
     run), so the ETA is the pace of this segment's. ``enabled=False`` makes every call a no-op,
     so all ranks can run the same code. ``every`` (plain mode only) defaults to about 20 lines
-    per run. ``bar=None`` picks the bar when ``stream`` is a terminal.
+    per run. ``bar=None`` picks the bar when ``stream`` is a terminal with a width
+    (``draws_bar``).
     """
 
     def __init__(
@@ -55,7 +67,7 @@ class Progress:
         if not enabled:
             return
         if bar is None:
-            bar = bool(getattr(self._stream, "isatty", lambda: False)())
+            bar = draws_bar(self._stream)
         if bar:
             from tqdm import tqdm
 

@@ -6,6 +6,7 @@ No torch: the CLI, the quality study and the benchmarks format summaries read ba
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -62,8 +63,49 @@ def format_summary(summary: dict[str, Any]) -> str:
         line("step time", "step_time", lambda x: f"{x:.3f} s", "median"),
         *([f"  wall time (train)  {v['train_time']:.1f} s (training loop, slowest rank)"]
           if math.isfinite(v["train_time"]) else []),
+        *downstream_lines(summary),
+        *_checkpoint_line(summary),
+        *_numerics_line(summary),
     ]
     return "\n".join(lines)
+
+
+def _numerics_line(summary: dict[str, Any]) -> list[str]:
+    """The kernels the figures came from ([Note: figures that repeat on one machine])."""
+    n = summary.get("numerics")
+    if not n:
+        return []
+    threads = f"{n['threads']} thread{'s' if n['threads'] != 1 else ''}"
+    mkl = f", MKL {n['mkl']}" if n.get("mkl") else ""
+    gpu = f", {n['gpu']}" if n.get("gpu") else ""
+    return [f"  kernels            {n['cpu_capability']} on {n['cpu']}, {threads}, torch "
+            f"{n['torch']}{mkl}{gpu} (summary.json numerics)"]
+
+
+def _checkpoint_line(summary: dict[str, Any]) -> list[str]:
+    """Where the trained model is (``subnetdp export``/``eval`` read it), or why it is not."""
+    if "checkpoint" not in summary:  # a summary from before runs recorded it
+        return []
+    path = summary["checkpoint"]
+    shown = (f"{path} (subnetdp eval / export read it)" if path is not None
+             else f"none ({summary.get('checkpoint_note', 'not saved')})")
+    return [f"  checkpoint         {shown}"]
+
+
+_DOWNSTREAM = re.compile(r"eval/(?P<task>.+)/(?P<metric>acc|acc_norm)")
+
+
+def downstream_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per task that ``--eval-tasks`` scored (``eval/<task>/acc``, ``acc_norm``)."""
+    tasks: dict[str, dict[str, float]] = {}
+    for key, value in summary.items():
+        m = _DOWNSTREAM.fullmatch(key)
+        if m is not None:
+            tasks.setdefault(m["task"], {})[m["metric"]] = float(value)
+    limit = summary.get("config", {}).get("eval_limit")
+    note = f"first {limit} documents" if limit else "all documents"
+    return [f"  {task:<18} " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(scores.items()))
+            + f" ({note})" for task, scores in sorted(tasks.items())]
 
 
 def label(summary: dict[str, Any]) -> str:

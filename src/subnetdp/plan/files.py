@@ -46,7 +46,7 @@ def read_plan_file(path: str, *, units: Sequence[Unit] | None = None, shared_siz
 
 
 def check_shape(plan: Plan, *, units: int | None = None, world: int | None = None) -> Plan:
-    """``plan`` (read from a file), refused if the ``--units``/``--world`` given with it
+    """``plan`` (read from a file), refused if the ``--units``/``--nproc`` given with it
     disagree with its columns or rows (``subnetdp plan``: no rebuilding, unlike ``world`` of
     ``read_plan_file``)."""
     if units is not None and units != plan.num_units:
@@ -54,8 +54,8 @@ def check_shape(plan: Plan, *, units: int | None = None, world: int | None = Non
                         "columns")
     if world is not None and world != plan.world:
         raise PlanError(
-            f"--world {world} but the explicit matrix has {plan.world} rows (one per "
-            "worker); drop --world or fix the matrix"
+            f"--nproc {world} but the explicit matrix has {plan.world} rows (one per "
+            "worker); drop --nproc or fix the matrix"
         )
     return plan
 

@@ -167,8 +167,8 @@ class Plan:
         if world_size is not None and world_size != self.world:
             raise PlanError(
                 f"plan was built for {self.world} workers but {world_size} are running; rebuild "
-                f"with --world {world_size} (subnetdp plan --world {world_size} ...) or launch "
-                f"{self.world} workers"
+                f"it for {world_size} (subnetdp plan --nproc {world_size} ..., or make_plan("
+                f"world={world_size}, ...)) or launch {self.world} workers"
             )
 
     # -- serialisation -------------------------------------------------------------------------

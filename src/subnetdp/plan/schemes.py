@@ -61,7 +61,7 @@ def _check_k(world: int, num_units: int, k: int) -> None:
     if world < 1:
         raise PlanError(f"world must be >= 1 worker, got {world}")
     if num_units < 1:
-        raise PlanError("a plan needs at least one unit; give --units N >= 1 or a model")
+        raise PlanError("a plan needs at least one unit; give a unit count >= 1 or a model")
     if not 1 <= k <= num_units:
         raise PlanError(f"units per worker must be in [1, {num_units}], got {k}")
     if k * world < num_units:
@@ -70,7 +70,7 @@ def _check_k(world: int, num_units: int, k: int) -> None:
             f"{world} workers holding {k} of {num_units} units each leave some unit with no "
             f"holder (k*N = {k * world} < U = {num_units}); the minimum coverage for {world} "
             f"workers and {num_units} units is {kmin}/{num_units} = {kmin / num_units:.4g}: "
-            "raise --coverage or --world"
+            "raise the coverage or the number of workers"
         )
 
 
@@ -140,7 +140,7 @@ def random_matrix(world: int, num_units: int, k: int, rng: np.random.Generator) 
         raise PlanError(
             f"no connected plan exists for {world} workers holding {k} of {num_units} units each "
             f"(needs k*N - U >= N - 1, i.e. k >= {kmin}, coverage >= {kmin / num_units:.4g}); "
-            "raise --coverage, or use --scheme spread to accept a disconnected plan"
+            "raise the coverage, or use the spread scheme to accept a disconnected plan"
         )
     for _ in range(RANDOM_TRIES):
         m = _random_balanced(world, num_units, k, rng)

@@ -11,7 +11,8 @@ local module to one backend; everything that differs between the two lives here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -114,7 +115,7 @@ class ReducerBackend:
     ) -> None:
         self.module, self.param_dtype, self.zero = module, param_dtype, zero
         self.trainable = (
-            backward_trainable(module, local, set(held), lambda sp: self.reducer.mark_ready(sp))
+            backward_trainable(module, local, set(held), _mark_ready(weakref.ref(self)))
             if strategy.backward_masked else forward_trainable(module, local)
         )
         self.reducer = HolderReducer(
@@ -187,6 +188,16 @@ class ReducerBackend:
 
     def plain_params(self) -> Mapping[str, torch.Tensor]:
         return dict(self.module.named_parameters())
+
+
+def _mark_ready(backend: weakref.ref[ReducerBackend]) -> Callable[[nn.Parameter], None]:
+    """The reducer's ``mark_ready``, reached weakly: parameter hooks call it
+    ([Note: hooks hold their owner weakly] in ``runtime.reducer``)."""
+    def mark(p: nn.Parameter) -> None:
+        if (b := backend()) is not None:
+            b.reducer.mark_ready(p)
+
+    return mark
 
 
 class FSDPBackend:

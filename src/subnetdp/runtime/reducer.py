@@ -43,13 +43,15 @@ flight), so a full gradient lives only from its first accumulation to its bucket
 from __future__ import annotations
 
 import math
+import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from subnetdp.distributed import faults
 from subnetdp.plan import Plan
@@ -97,6 +99,21 @@ def global_buckets(
         open_[key] = ([*pieces, piece], size + nbytes, i)
     done += [(last, BucketSpec(h, tuple(ps), dt)) for (h, dt), (ps, _, last) in open_.items()]
     return [spec for _, spec in sorted(done, key=lambda d: d[0])]
+
+
+def _ready_hook(reducer: weakref.ref[HolderReducer], pid: int
+                ) -> Callable[[torch.Tensor], None]:
+    def hook(_: torch.Tensor) -> None:
+        r = reducer()
+        if r is not None:
+            r.ready(pid)
+
+    return hook
+
+
+def _remove_all(handles: Sequence[RemovableHandle]) -> None:
+    for h in handles:
+        h.remove()
 
 
 ZERO_COLLECTIVE = "reduce_scatter+all_gather"  # CommStats.collective under ZeRO
@@ -267,10 +284,16 @@ class HolderReducer:
             for i, p in enumerate(b.params):
                 members.setdefault(id(p), (p, []))[1].append((b, i))
         external_ids = {id(p) for p in external}
-        self._ready = {pid: self._hook(entries) for pid, (_, entries) in members.items()}
-        for p, _ in members.values():
-            if p.requires_grad and id(p) not in external_ids:
-                p.register_post_accumulate_grad_hook(self._ready[id(p)])
+        self._entries = {pid: entries for pid, (_, entries) in members.items()}
+        # [Note: hooks hold their owner weakly] A parameter keeps its hooks in C++, where
+        # gc cannot follow them: a hook holding the reducer would keep the reducer, its
+        # buckets and every parameter alive forever (parameter -> hook -> reducer ->
+        # parameter). It holds a weak reference, and the reducer's end removes the hooks.
+        me = weakref.ref(self)
+        handles = [p.register_post_accumulate_grad_hook(_ready_hook(me, pid))
+                   for pid, (p, _) in members.items()
+                   if p.requires_grad and pid not in external_ids]
+        weakref.finalize(self, _remove_all, handles)
         self.enabled = True  # False inside no_sync(): gradients just accumulate locally
         self._in_backward = False
         self._next = 0
@@ -300,29 +323,27 @@ class HolderReducer:
     # -- during backward ------------------------------------------------------------------
     def mark_ready(self, p: nn.Parameter) -> None:
         """An external parameter's gradient is complete for this backward."""
-        fn = self._ready.get(id(p))
-        if fn is not None:
-            fn(p)
+        if id(p) in self._entries:
+            self.ready(id(p))
 
-    def _hook(self, entries: list[tuple[_Bucket, int]]):
-        def hook(_: torch.Tensor) -> None:
-            if not self.enabled:
-                return
-            if not self._in_backward:
-                self._start_backward()
-            complete = False
-            for bucket, i in entries:
-                if not bucket.ready[i]:
-                    bucket.ready[i] = True
-                    bucket.pending -= 1
-                    self._pending -= 1
-                    complete |= bucket.pending == 0
-            if complete:
-                launched = self._launch_ready()
-                if self._pending > 0:
-                    self.stats.last_step_overlapped += launched
-
-        return hook
+    def ready(self, pid: int) -> None:
+        """The gradient of the parameter with id ``pid`` is complete: mark its pieces, and
+        launch the buckets this completes."""
+        if not self.enabled:
+            return
+        if not self._in_backward:
+            self._start_backward()
+        complete = False
+        for bucket, i in self._entries[pid]:
+            if not bucket.ready[i]:
+                bucket.ready[i] = True
+                bucket.pending -= 1
+                self._pending -= 1
+                complete |= bucket.pending == 0
+        if complete:
+            launched = self._launch_ready()
+            if self._pending > 0:
+                self.stats.last_step_overlapped += launched
 
     def _start_backward(self) -> None:
         self._in_backward = True

@@ -150,6 +150,9 @@ def cell_config(suite: Suite, task: TaskSpec, cell: Cell, out: str,
                   out=out, progress=False)
     if data_dir is not None:
         fields["data_dir"] = data_dir
+    # a cell's result is its summary: a study of many cells keeps no final states (GBs) unless
+    # its task asks for checkpoints (the convergence study's --ckpt-every)
+    fields.setdefault("final_ckpt", False)
     if cell.seed > 0:
         # Peak memory depends on shapes, not on the seed: measure it on seed 0 only (the
         # instrumented step costs 1-4 s of a run of a few tens of seconds).

@@ -117,7 +117,10 @@ APPLIES: dict[str, Rule] = {
     "stochastic_depth": Rule(lambda c: not _strategy(c).is_sdp, "the ddp baseline"),
     "neuron_dropout": Rule(lambda c: not _strategy(c).is_sdp, "the ddp baseline"),
     # checkpoints and restarts
-    "ckpt_keep": Rule(lambda c: c.ckpt_every > 0, "runs that write checkpoints (--ckpt-every)"),
+    "ckpt_keep": Rule(lambda c: c.ckpt_every > 0 or c.save_final,
+                      "runs that write checkpoints (--ckpt-every, the final one)"),
+    "final_ckpt": Rule(lambda c: c.checkpoints_unbuilt is None,
+                       "runs whose checkpoints are built (not ddp with --fsdp or --zero 1)"),
     "reshard": Rule(lambda c: c.resume is not None, "resumed runs (--resume)"),
     "overwrite": Rule(lambda c: c.resume is None, "new runs (a resume keeps its folder)"),
     # precision on CUDA only
@@ -146,7 +149,7 @@ ALWAYS = frozenset({
 
 
 # Switches on by default: the flag a user gives turns them off.
-NEGATED = {"tf32": "--no-tf32", "rescue": "--no-rescue"}
+NEGATED = {"tf32": "--no-tf32", "rescue": "--no-rescue", "final_ckpt": "--no-final-ckpt"}
 
 
 def applies(cfg: TrainConfig, name: str) -> bool:

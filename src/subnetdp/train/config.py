@@ -12,6 +12,10 @@ from typing import Any
 from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
 from subnetdp.strategy import Composition, PlanSpec, RankSpec, Strategy, composition_of
 
+# The longest --collective-timeout: a week, already without practical bound. Far beyond, the
+# waits it sets (timedelta, the OS's timed waits; 6x for slow phases) overflow in the workers.
+MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
+
 
 @dataclass
 class TrainConfig:
@@ -66,12 +70,15 @@ class TrainConfig:
     bucket_cap_mb: float = 25.0
     progress: bool = True
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"width": 16}
-    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps and at the end (0 = never),
-    # keeping the newest ckpt_keep; resume = a run folder or one of its checkpoints;
-    # max_restarts = times torch elastic restarts a failed worker group (it then resumes from
-    # the newest checkpoint).
+    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps (0 = none but the final
+    # one, final_ckpt below), keeping the newest ckpt_keep; resume = a run folder or one of its
+    # checkpoints; max_restarts = times torch elastic restarts a failed worker group (it then
+    # resumes from the newest checkpoint).
     ckpt_every: int = 0
     ckpt_keep: int = 3
+    # final_ckpt = also save the state at the end of the run, with or without ckpt_every (what
+    # export, eval and a longer --resume read); False: --no-final-ckpt
+    final_ckpt: bool = True
     resume: str | None = None
     max_restarts: int = 0
     # Run folder and re-planning: overwrite = replace an earlier run's files in out
@@ -132,8 +139,9 @@ class TrainConfig:
     # Issue 27: a resume that goes on although the corpus changed since the run recorded it
     # (train/data_identity.py); never carried over to the next resume
     accept_new_data: bool = False
-    # 2: the shared precision words (strategy.DTYPES); configs without it are version 1, whose
-    # dtype "bf16" meant bf16 compute with fp32 master state (now "bf16-mixed")
+    # 2: the shared precision words (strategy.DTYPES); recorded configs without it are
+    # version 1, whose dtype "bf16" meant bf16 compute with fp32 master state (now
+    # "bf16-mixed"); a --config JSON file without it must read alike in both (config_file.py)
     config_version: int = 2
 
     def resolved(self) -> TrainConfig:
@@ -191,6 +199,21 @@ class TrainConfig:
         """The run's name in summary.json and reports (``strategy.label``)."""
         return self.rank_spec.label(coverage)
 
+    @property
+    def checkpoints_unbuilt(self) -> str | None:
+        """The baseline whose checkpoints are not built, when this run is one (else None)."""
+        if self.strategy_value.is_sdp:
+            return None
+        if self.fsdp:
+            return "the plain FSDP2 baseline (ddp with --fsdp)"
+        return "ddp --zero 1 (torch's ZeroRedundancyOptimizer)" if self.zero == 1 else None
+
+    @property
+    def save_final(self) -> bool:
+        """Save the run's state at its end: ``final_ckpt``, where checkpoints are built (the
+        two baselines that have none save nothing by default)."""
+        return self.final_ckpt and self.checkpoints_unbuilt is None
+
     def validate(self, task: str) -> None:
         def bad(msg: str) -> None:
             raise ValueError(msg)
@@ -231,15 +254,18 @@ class TrainConfig:
                             ("--weight-decay", self.weight_decay)):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 bad(f"{flag} must be a finite number >= 0 (0 = off), got {value}")
+        for key, value in self.model_args.items():  # JSON and TOML both read nan and inf
+            if isinstance(value, float) and not math.isfinite(value):
+                bad(f"--model-arg {key}={value}: not a finite number; give a finite {key}")
         if self.seed < 0:  # numpy's generators refuse negative seeds
             bad(f"--seed must be >= 0, got {self.seed}")
         if self.vocab_size is not None and self.vocab_size < 2:
             bad(f"--vocab-size must be >= 2, got {self.vocab_size}")
         if not (math.isfinite(self.bucket_cap_mb) and self.bucket_cap_mb > 0):
             bad(f"--bucket-cap-mb must be a finite number > 0, got {self.bucket_cap_mb}")
-        if not (math.isfinite(self.collective_timeout) and self.collective_timeout > 0):
-            bad(f"--collective-timeout must be a finite number of seconds > 0, got "
-                f"{self.collective_timeout}")
+        if not 0 < self.collective_timeout <= MAX_COLLECTIVE_TIMEOUT_S:
+            bad(f"--collective-timeout must be a number of seconds in (0, "
+                f"{MAX_COLLECTIVE_TIMEOUT_S:g}] (a week), got {self.collective_timeout:g}")
         if self.device not in ("auto", "cpu", "cuda"):
             bad(f"--device must be auto, cpu or cuda, got {self.device!r}")
         if self.log_every < 1:
@@ -247,7 +273,8 @@ class TrainConfig:
         if self.eval_batches < 1:
             bad(f"--eval-batches must be >= 1, got {self.eval_batches}")
         if self.ckpt_every < 0:
-            bad(f"--ckpt-every must be >= 0 (0 = no checkpoints), got {self.ckpt_every}")
+            bad(f"--ckpt-every must be >= 0 (0: only the final checkpoint), got "
+                f"{self.ckpt_every}")
         if self.ckpt_keep < 1:
             bad(f"--ckpt-keep must be >= 1, got {self.ckpt_keep}")
         if self.max_restarts < 0:
@@ -301,7 +328,7 @@ class TrainConfig:
                     f"needs {EOT} in the tokenizer; {self.tokenizer} has none: add it to its "
                     "added_tokens, or drop --eval-tasks")
         try:
-            check_available()  # before any worker starts, not at the first evaluation
+            check_available(self.eval_tasks)  # before any worker starts, not at an evaluation
         except LmEvalMissingError as e:  # an ImportError: the error boundary reads ValueError
             bad(str(e))
 
@@ -378,8 +405,8 @@ def _check_hetero(cfg: TrainConfig) -> None:
     if not strategy.is_sdp or strategy.neuron_level:
         raise ValueError(f"{name} needs block units (--strategy b-sdp or bb-sdp), not "
                          f"{strategy.name}")
-    if not values or min(values) <= 0:
-        raise ValueError(f"{name} needs one positive value per worker, got {values}")
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"{name} needs one finite positive value per worker, got {values}")
     if cfg.capacities is not None and max(cfg.capacities) > 1:
         raise ValueError(f"--capacities are shares of the units' cost, in (0, 1]; got "
                          f"{cfg.capacities}")

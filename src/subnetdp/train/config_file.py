@@ -6,12 +6,14 @@ level or in a ``[train]`` table (not both for one key); ``[model_args]`` (beside
 as ``[train.model_args]``) holds the model overrides. Every value is checked against its
 field's type (train/config_values.py) and an unknown key or table is refused, naming the
 nearest option. A run's ``config.json`` records every resolved option and the real world size
-(``nproc``), so ``--config runs/a/config.json --out runs/b`` replays run ``a``: one without
-``config_version`` is read as version 1 (``upgrade_config``), and its ``resume`` and
-``overwrite`` are dropped, so a replay trains from step 0 and never deletes a folder the command
-line did not ask to replace. A TOML file setting either is refused: both act on a run folder and
-come from the command line only, and ``--overwrite`` replaces only a folder that the command line
-names with ``--out`` (train_cmd.py), never one that a file names.
+(``nproc``), so ``--config runs/a/config.json --out runs/b`` replays run ``a``. A JSON file
+without ``config_version`` (a run recorded before versions, or one written by hand) is read
+when every version reads it alike, and refused, naming the values that differ, otherwise
+(``_unversioned_problem``). A replay drops the file's ``resume`` and ``overwrite``, so it
+trains from step 0 and never deletes a folder the command line did not ask to replace. A TOML
+file setting either is refused: both act on a run folder and come from the command line only,
+and ``--overwrite`` replaces only a folder that the command line names with ``--out``
+(train_cmd.py), never one that a file names.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from subnetdp.train.config import TrainConfig, upgrade_config
+from subnetdp.train.config import CONFIG_VERSION, TrainConfig, upgrade_config
 from subnetdp.train.config_values import check_field_values
 
 # What a replayed run's config must not carry: they act on a folder, not on the training
@@ -64,10 +66,32 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"--config {p} must hold a JSON object of train options")
     options = _known(data, where, toml=False)
-    values = _upgraded(check_field_values(options, where=where, syntax="json"), where)
+    values = check_field_values(options, where=where, syntax="json")
+    if "config_version" not in values:
+        problem = _unversioned_problem(values)
+        if problem:
+            raise ValueError(f"{where} has no config_version, and {problem}")
+    values = _upgraded(values, where)
     for name in REPLAY_DROPPED:
         values.pop(name, None)
     return values
+
+
+def _unversioned_problem(values: dict[str, Any]) -> str | None:
+    """What an unversioned file's ``values`` mean differently in version 1 (recorded runs
+    before versions existed) and today's version, or None when both read them alike: only
+    then is no version needed (a guess would silently change the run)."""
+    old = upgrade_config({**values, "config_version": 1})
+    now = {**values, "config_version": CONFIG_VERSION}
+    differ = [k for k in sorted(values) if old[k] != now[k]]
+    if not differ:
+        return None
+    readings = ", ".join(f"{k} {json.dumps(values[k])} is {json.dumps(old[k])} in version 1 "
+                         f"(a run recorded before config_version existed) but "
+                         f"{json.dumps(now[k])} in version {CONFIG_VERSION} (today's)"
+                         for k in differ)
+    return (f"{readings}; add \"config_version\": 1 or {CONFIG_VERSION} to the file to say "
+            "which it means")
 
 
 def _upgraded(values: dict[str, Any], where: str) -> dict[str, Any]:

@@ -41,7 +41,10 @@ def check_field_values(values: dict[str, Any], *, where: str,
             out[name] = _typed(value, types_[name])
         except TypeError as e:
             kind, item = e.args
-            example = _example(kind, item, _meant(value, defaults[name]), syntax)
+            # one item of a list's type (eval_tasks = "arc_easy"): that item, in brackets
+            meant = ([value] if kind is list and _is(value, item)
+                     else _meant(value, defaults[name]))
+            example = _example(kind, item, meant, syntax)
             sep = " = " if syntax == "toml" else '": '
             key = name if syntax == "toml" else f'"{name}'
             what = f"a list of {_PLURAL[item]}" if kind is list else _WHAT[kind]
@@ -80,6 +83,15 @@ def _typed(value: Any, hint: Any) -> Any:
     if origin is dict and isinstance(value, dict):
         return {str(k): v for k, v in value.items()}
     raise TypeError(origin, args[0] if args else None)
+
+
+def _is(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is a ``hint`` as ``_typed`` reads it."""
+    try:
+        _typed(value, hint)
+    except TypeError:
+        return False
+    return True
 
 
 def _show(value: Any) -> str:

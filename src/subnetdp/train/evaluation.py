@@ -16,12 +16,15 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
     """``accept_new_data``: evaluate on the current corpus although it changed since the run
     recorded it (train/data_identity.py)."""
     from subnetdp.checkpoint.export import load_model_state
+    from subnetdp.evals.downstream import is_hf_folder
     from subnetdp.models import get_recipe
     from subnetdp.train.config import TrainConfig, config_keys
     from subnetdp.train.data_identity import Recorded, recorded_in
     from subnetdp.train.device import device_name, run_device
     from subnetdp.train.tasks import make_task
 
+    if is_hf_folder(Path(path)):
+        raise ValueError(_hf_folder_message(Path(path)))
     state, info = load_model_state(path, config_keys=config_keys())
     newer = sorted(set(info["config"]) - config_keys())  # a checkpoint's manifest is checked
     if newer:
@@ -49,6 +52,22 @@ def evaluate_path(path: str | Path, *, eval_batches: int | None = None,
     model.load_state_dict(state)
     result = make_task(cfg, recorded).evaluate(model.to(dev), dev)
     return {"step": float(info["step"]), **result}
+
+
+def _hf_folder_message(folder: Path) -> str:
+    """What to do with an ``export --format hf`` folder: it holds the model but not the run's
+    validation data, which its checkpoint names."""
+    import json
+
+    from subnetdp.checkpoint.files import MANIFEST
+    from subnetdp.hf.export import PROVENANCE
+
+    source = json.loads((folder / "config.json").read_text()).get(PROVENANCE[2])
+    origin = (f"; its validation loss is its checkpoint's: `subnetdp eval {source}`"
+              if source and (Path(source) / MANIFEST).is_file() else "")
+    return (f"{folder} is a Hugging Face model folder, which records no validation data: score "
+            f"it with `subnetdp eval {folder} --tasks arc_easy,sciq` (or lm_eval, with "
+            f"--model hf --model_args pretrained={folder}){origin}")
 
 
 def _mismatch(expected: dict[str, Any], state: dict[str, Any]) -> tuple[list[str], list[str]]:

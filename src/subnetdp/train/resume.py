@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,8 @@ __all__ = [
 
 # Options a resumed run may change: they do not touch the model, the data or the optimiser's
 # maths (``steps`` extends the run; the cosine schedule is then computed for the new length).
-RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "max_restarts",
+RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "final_ckpt",
+                                "max_restarts",
                                 "eval_batches", "memory_step", "log_every", "resume",
                                 "min_nproc", "rescue", "collective_timeout",
                                 # watching the run (metrics/tracking.py)
@@ -109,9 +111,12 @@ def check_fresh_run_dir(run_dir: Path) -> None:
             "(nothing was overwritten)")
 
 
-def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> TrainConfig:
+def resume_config(resume: str, given: dict[str, Any], explicit: set[str],
+                  from_file: Collection[str] = (), where: str = "--config") -> TrainConfig:
     """The configuration of a resumed run: the checkpoint's own, plus the options the user set
-    explicitly that a resume may change. Any other explicit option that differs is refused."""
+    explicitly that a resume may change. Any other explicit option that differs is refused.
+    ``from_file``: the options a config file (``where``) set and the command line did not;
+    they are held to the same list, and those that differ are refused together."""
     ckpt = resolve_checkpoint(resume)
     manifest = read_manifest(ckpt, config_keys=config_keys())
     saved = dict(manifest["config"])
@@ -142,6 +147,7 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> Tra
                 f"{flag} {given[name]!r} differs from the resumed run's {saved.get(name)!r}; "
                 f"a resumed run keeps its configuration (drop {flag},{hint} or start a new run "
                 "with another --out)")
+    _apply_file(saved, given, set(from_file) - explicit, reshard, run_dir, where)
     if saved["steps"] <= manifest["step"]:
         raise CheckpointError(
             f"the checkpoint {ckpt} is at step {manifest['step']} and the run has "
@@ -151,6 +157,31 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str]) -> Tra
     saved["reshard"], saved["overwrite"] = reshard, False
     saved["accept_new_data"] = bool(given.get("accept_new_data"))  # for this resume only
     return TrainConfig.from_dict(saved)
+
+
+def _apply_file(saved: dict[str, Any], given: dict[str, Any], names: set[str], reshard: bool,
+                run_dir: Path, where: str) -> None:
+    """A config file's options on a resume: those a resume may change go into ``saved``; the
+    others must equal the run's own, else all of them are named in one refusal (a file is
+    often a whole run's options, so most of its keys simply repeat the run's)."""
+    kept = []
+    for name in sorted(names - {"reshard", "overwrite", "resume"}):
+        if name in RESUME_OVERRIDABLE or (reshard and name in RESHARD_OVERRIDABLE):
+            saved[name] = given[name]
+        elif name == "out":
+            if Path(given["out"]).resolve() != run_dir.resolve():
+                kept.append(name)
+        elif given[name] != saved.get(name):
+            kept.append(name)
+    if kept:
+        also = [n for n in kept if n in RESHARD_OVERRIDABLE]
+        reshard_hint = f" (or add --reshard for {', '.join(also)})" if also else ""
+        raise CheckpointError(
+            f"{where} sets {', '.join(f'{n} = {given[n]!r}' for n in kept)}, but the resumed "
+            f"run keeps its own ({', '.join(f'{n} = {saved.get(n)!r}' for n in kept)}): a "
+            "resume may change only steps, the checkpoint, restart, logging and tracking "
+            f"options (docs/checkpointing.md, Resume); drop them from the file{reshard_hint}, "
+            "or start a new run with another --out")
 
 
 def recorded_data(cfg: TrainConfig) -> Recorded | None:

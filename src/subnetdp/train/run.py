@@ -38,7 +38,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.distributed.launch import WorkerFailedError
     from subnetdp.distributed.process_group import under_launcher
     from subnetdp.filemode import check_no_links, folder_id, write_atomic
-    from subnetdp.metrics.progress import LiveBar
+    from subnetdp.metrics.progress import LiveBar, draws_bar
     from subnetdp.train.elastic import check_replan_options, launch_shrinking
     from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
     from subnetdp.train.resume import (
@@ -54,6 +54,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
         check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
     plan = None  # under torchrun every worker makes its own
+    mapped: list[str] = []  # the files the workers memory-map, named if one dies of SIGBUS
     if not under_launcher():
         from subnetdp.train.validate import preflight
 
@@ -65,6 +66,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         # and folder are checked on the meta device (train/validate.py)
         task = make_task(cfg, recorded_data(cfg))
         plan = preflight(cfg, task, budget_plan(cfg, cfg.nproc))
+        mapped = task.mapped_files()
         # Refuse a damaged checkpoint or one for another world before anything is written.
         if cfg.resume:
             preflight_resume(cfg)
@@ -89,9 +91,9 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
                     worker=under_launcher())
         cfg = write_budget_plan(cfg, plan)
         run_id = f"subnetdp-{int(time.time())}"
-        # on a terminal this process draws rank 0's progress as a live bar; else its lines
-        # are echoed here (tee) as they are
-        live = say is not None and sys.stdout.isatty()
+        # on a terminal this process draws rank 0's progress as a live bar; else (a pipe, a
+        # file, a terminal of zero columns) its lines are echoed here (tee) as they are
+        live = say is not None and draws_bar(sys.stdout)
         if say:
             say(f"starting {cfg.nproc} workers (their logs: {logs}) ...")
         try:
@@ -103,8 +105,12 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
                     start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout),
                     hold_fd=lock)
         except WorkerFailedError as e:
-            e.log = str(logs / "failure.log")  # the tracebacks; the user sees e.summary
-            write_atomic(e.log, str(e) + "\n")
+            e.mapped = mapped
+            # the tracebacks, named in the line the user sees (e.summary); on a full disk that
+            # line names the workers' error without them
+            with contextlib.suppress(OSError):
+                write_atomic(logs / "failure.log", str(e) + "\n")
+                e.log = str(logs / "failure.log")
             raise
     stopped = [r["error"] for r in results.values() if isinstance(r, dict) and "error" in r]
     if stopped:

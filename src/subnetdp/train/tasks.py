@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +24,7 @@ class Task(Protocol):
 
     def model_overrides(self) -> dict[str, Any]: ...
     def data_identity(self) -> dict[str, Any]: ...
+    def mapped_files(self) -> list[str]: ...
     def batches(self, *, rank: int, world: int, start_step: int = 0) -> Iterator[Batch]: ...
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
     def evaluate(self, model: nn.Module, device: torch.device) -> dict[str, float]: ...
@@ -48,6 +50,11 @@ class LMTask:
     def data_identity(self) -> dict[str, Any]:
         """What a checkpoint records of the data ([Note: data identity])."""
         return self.data.identity
+
+    def mapped_files(self) -> list[str]:
+        """The token files the workers memory-map ([Note: signals from inside])."""
+        return sorted({str(a.filename) for a in (self.data.train, self.data.val)
+                       if isinstance(a, np.memmap) and a.filename})
 
     def model_overrides(self) -> dict[str, Any]:
         # The trained tokenizer may come out smaller than asked on a small corpus.
@@ -111,6 +118,9 @@ class ImageTask:
 
     def data_identity(self) -> dict[str, Any]:
         return {}  # image sets are not recorded
+
+    def mapped_files(self) -> list[str]:
+        return []  # read into memory
 
     def batches(self, *, rank: int, world: int, start_step: int = 0) -> Iterator[Batch]:
         from subnetdp.data import image_batches

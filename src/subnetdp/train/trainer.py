@@ -21,6 +21,7 @@ from subnetdp.distributed.timeouts import naming_silent_ranks, set_timeout, slow
 from subnetdp.hf.tokenizer import save_run_tokenizer
 from subnetdp.metrics.comm import comm_record, comm_summary
 from subnetdp.metrics.memory import measure_step_memory
+from subnetdp.metrics.numerics import numerics
 from subnetdp.metrics.progress import Progress
 from subnetdp.metrics.sinks import JsonlSink, rank_jsonl_path, val_jsonl_path, write_json_atomic
 from subnetdp.metrics.tracking import (
@@ -214,6 +215,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
                         desc=cfg.strategy_value.name, start=start)
     comm = model.comm_stats
     window = _Window()
+    saved: Path | None = None  # the newest checkpoint this run wrote (the summary names it)
     peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                       cfg.peak_tflops)
     flops = (rank_step_flops(cfg, recipe, overrides, plan, model.strategy, rank)
@@ -273,7 +275,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
             if due:
                 faults.point("checkpoint")
                 with slow_phase(cfg.collective_timeout):
-                    ckpt.save(done)
+                    saved = ckpt.save(done)
             if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
                 with slow_phase(cfg.collective_timeout):  # peers wait while rank 0 evaluates
                     evaluation = _evaluate(model, recipe, task, device, overrides, rank, cfg)
@@ -318,7 +320,11 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
     dist.gather_object(stats, gathered, dst=0)
     if rank == 0:
         assert gathered is not None
-        summary = _summary(cfg, plan, world, gathered, evaluation, task.items_per_batch)
+        summary = {**_summary(cfg, plan, world, gathered, evaluation, task.items_per_batch),
+                   **_checkpoint_record(cfg, saved),
+                   # rank 0's kernels, which also computed the validation ([Note: figures that
+                   # repeat on one machine])
+                   "numerics": numerics(device)}
         write_json_atomic(out / "summary.json", summary)
     return stats
 
@@ -423,6 +429,19 @@ def _summary(
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "config": cfg.to_dict(),
     }
+
+
+def _checkpoint_record(cfg: TrainConfig, saved: Path | None) -> dict[str, Any]:
+    """The newest checkpoint this run wrote (export and eval read it), or why there is none."""
+    if saved is not None:
+        return {"checkpoint": str(saved)}
+    if cfg.checkpoints_unbuilt is not None:
+        why = f"checkpoints of {cfg.checkpoints_unbuilt} are not built"
+    elif cfg.final_ckpt:
+        why = "the run wrote none"  # a resume with no step left to train
+    else:
+        why = "--no-final-ckpt: drop it (or add --ckpt-every N) to keep the model next time"
+    return {"checkpoint": None, "checkpoint_note": why}
 
 
 def _max_active(ranks: list[dict[str, Any]]) -> dict[str, float]:
