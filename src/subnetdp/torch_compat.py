@@ -20,8 +20,8 @@ newer name.
 
 Private names imported inside functions elsewhere, for their import cost, and unchanged from
 2.9 to 2.15: ``torch.distributed._tools.mem_tracker`` (``metrics.memory``), the fake process
-group's ``FakeStore`` (``estimate.memory``, ``bench.step``) and ``torch._subclasses``'
-fake tensors (``estimate``, ``runtime.fsdp``).
+group's ``FakeStore`` (``estimate.memory``, ``bench.step``), ``torch._subclasses``' fake
+tensors (``estimate``, ``runtime.fsdp``); also ``torch.utils._pytree`` (``runtime.backends``).
 """
 
 from __future__ import annotations
