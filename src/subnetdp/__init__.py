@@ -19,7 +19,7 @@ from subnetdp import _moved
 __version__ = "0.1.0"
 
 # The oldest torch subnetdp runs on (pyproject.toml's range; subnetdp.torch_compat, docs/testing.md)
-TORCH_FLOOR = (2, 7)
+TORCH_FLOOR = (2, 9)
 
 
 class TorchTooOldError(ImportError):

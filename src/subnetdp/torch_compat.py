@@ -1,53 +1,42 @@
 """The torch calls that differ between the releases subnetdp supports, or that reach into
 torch's private modules, in one place.
 
-Supported: torch 2.7 to 2.15 (``subnetdp/__init__.py`` refuses an older torch at import;
-``make test-torch TORCH=X`` runs the core of the suite on X; docs/testing.md says why 2.6 is
-out). A name that one release has and another lacks is looked up when it is called, by
+Supported: torch 2.9 to 2.15 (``subnetdp/__init__.py`` refuses an older torch at import;
+``make test-torch TORCH=X`` runs the core of the suite on X; docs/testing.md says why older
+ones are out). A name that one release has and another lacks is looked up when it is called, by
 feature, never by version number, so a back-port needs nothing here and a test can hide the
 newer name.
 
 - ``reduce_scatter_single`` and ``all_gather_single`` are torch 2.13's names (it deprecates
   ``reduce_scatter_tensor``); before 2.13 only ``reduce_scatter_tensor`` and
   ``all_gather_into_tensor`` exist, with the same arguments.
-- FSDP2's reduce-scatter hook (``FSDPModule.set_custom_reduce_scatter``, whose interface
-  ``ReduceScatter`` no public module exports) first ships in torch 2.9; before it FSDP2 over
-  gloo keeps gloo's own reduce-scatter (``runtime.ring``: the same result, twice the bytes).
+- ``ReduceScatter``, the interface of FSDP2's reduce-scatter hook
+  (``FSDPModule.set_custom_reduce_scatter``, ``runtime.ring``), is exported by no public
+  module; it is the same from 2.9 to 2.15.
 - ``LaunchConfig(shutdown_timeout=)`` (the workers' grace between SIGTERM and SIGKILL) first
   ships in torch 2.12; before it torch elastic's grace is a fixed 30 s.
 - The default process group and store, the registry of every group and a group's timeout are
-  private names of ``distributed_c10d`` (unchanged from 2.7 to 2.15).
+  private names of ``distributed_c10d`` (unchanged from 2.9 to 2.15).
 
 Private names imported inside functions elsewhere, for their import cost, and unchanged from
-2.7 to 2.15: ``torch.distributed._tools.mem_tracker`` (``metrics.memory``), the fake process
-group's ``FakeStore`` (``estimate.memory``, ``bench.step``) and ``torch._subclasses``'
-fake tensors (``estimate``, ``runtime.fsdp``).
+2.9 to 2.15: ``torch.distributed._tools.mem_tracker`` (``metrics.memory``), the fake process
+group's ``FakeStore`` (``estimate.memory``, ``bench.step``), ``torch._subclasses``' fake
+tensors (``estimate``, ``runtime.fsdp``); also ``torch.utils._pytree`` (``runtime.backends``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
-
-try:  # torch >= 2.9
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
-except ImportError:  # no hook to implement: runtime.ring's class is then never installed
-
-    class ReduceScatter:  # type: ignore[no-redef]
-        """Stands in for FSDP2's interface on a torch without ``set_custom_reduce_scatter``."""
-
-        def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
-                     device: torch.device) -> torch.Tensor:
-            raise NotImplementedError
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 __all__ = ["ReduceScatter", "all_gather_single", "default_group", "default_store",
-           "has_custom_reduce_scatter", "launch_grace", "reduce_scatter_single",
+           "launch_grace", "reduce_scatter_single",
            "set_group_timeouts", "set_unshard_async"]
 
 
@@ -67,14 +56,9 @@ def all_gather_single(output: torch.Tensor, input: torch.Tensor,
     return fn(output, input, group=group, async_op=async_op)
 
 
-def has_custom_reduce_scatter(module: Any) -> bool:
-    """Does this FSDP2 module take a reduce-scatter of ours (torch >= 2.9)?"""
-    return hasattr(module, "set_custom_reduce_scatter")
-
-
 def set_unshard_async(module: Any, async_op: bool) -> None:
     """FSDP2's switch for asynchronous all-gathers (documented, but private in every release
-    from 2.7 to 2.15)."""
+    from 2.9 to 2.15)."""
     module._set_unshard_async_op(async_op)
 
 

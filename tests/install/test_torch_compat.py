@@ -4,7 +4,6 @@ torch below the floor in one line. ``make test-torch TORCH=X`` runs this file on
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +16,14 @@ import torch.distributed as dist
 
 import subnetdp
 from subnetdp import torch_compat
-from subnetdp.runtime import ring
+from subnetdp.estimate.spec import BenchSpec, build_rank, lm_step
 from tests.dist.harness import run_workers
 
 REPO = Path(__file__).resolve().parents[2]
 NEWER = ("reduce_scatter_single", "all_gather_single")  # torch 2.13's names
 OLDER = ("reduce_scatter_tensor", "all_gather_into_tensor")  # the only ones before 2.13
+MODEL = (("dim", 16), ("ffn_hidden", 24), ("max_seq_len", 16), ("n_heads", 2),
+         ("n_layers", 2), ("vocab_size", 61))
 
 
 def _collectives(rank: int, world: int) -> dict[str, dict[str, Any]]:
@@ -51,7 +52,15 @@ def _collectives(rank: int, world: int) -> dict[str, dict[str, Any]]:
             work.wait()
             ag = torch.full((3 * world,), float("nan"))
             torch_compat.all_gather_single(ag, torch.full((3,), float(rank)))
-            out[case] = {"rs": rs, "ag": ag, "ran": ran}
+            collectives = list(ran)
+            # ZeRO-2 in one holder group of both ranks: its reduce-scatter and all-gather
+            spec = BenchSpec("llama-tiny", "b-sdp", world, 2, 16, zero=2, model_args=MODEL)
+            built = build_rank(spec)
+            g = torch.Generator().manual_seed(rank)
+            losses = [lm_step(built, torch.randint(0, 61, (2, 17), generator=g))
+                      for _ in range(2)]
+            out[case] = {"rs": rs, "ag": ag, "ran": collectives, "losses": losses,
+                         "zero ran": sorted(set(ran[len(collectives):]))}
         finally:
             for name, fn in saved.items():
                 setattr(dist, name, fn)
@@ -59,6 +68,8 @@ def _collectives(rank: int, world: int) -> dict[str, dict[str, Any]]:
 
 
 def test_collectives_give_the_same_result_through_either_torch_name() -> None:
+    """torch_compat's collectives by hand, and a ZeRO-2 step (the reducer's reduce-scatter,
+    the optimizer's all-gather) that trains the same without torch 2.13's names."""
     results = run_workers(_collectives, 2)
     world = 2
     has_newer = all(hasattr(dist, n) for n in NEWER)
@@ -71,65 +82,11 @@ def test_collectives_give_the_same_result_through_either_torch_name() -> None:
             assert torch.equal(got["rs"], want_rs), case
             assert torch.equal(got["ag"], want_ag), case
         assert cases["hidden"]["ran"] == list(OLDER)
+        assert cases["hidden"]["zero ran"] == sorted(OLDER)  # no caller asks for a newer name
         if has_newer:
             assert cases["present"]["ran"] == list(NEWER)
-
-
-class _Group:
-    def size(self) -> int:
-        return 2
-
-
-class _Mesh:
-    def get_group(self) -> _Group:
-        return _Group()
-
-
-class _Module:
-    """What GlooComms.apply calls on an FSDP2 module, recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-
-    def _set_unshard_async_op(self, async_op: bool) -> None:
-        self.calls.append(("unshard async", async_op))
-
-
-class _HookedModule(_Module):
-    def set_custom_reduce_scatter(self, comm: Any) -> None:
-        self.calls.append(("reduce-scatter", type(comm)))
-
-
-def test_gloo_comms_install_the_ring_only_where_fsdp2_takes_a_hook(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch >= 2.9 takes runtime.ring's reduce-scatter; an older FSDP2 (no
-    ``set_custom_reduce_scatter``) keeps gloo's and still gets asynchronous all-gathers."""
-    monkeypatch.setattr(ring.dist, "get_backend", lambda pg: dist.Backend.GLOO)
-    hooked, older = _HookedModule(), _Module()
-    ring.GLOO_DEFAULTS.apply(hooked, _Mesh())  # type: ignore[arg-type]
-    ring.GLOO_DEFAULTS.apply(older, _Mesh())  # type: ignore[arg-type]
-    assert hooked.calls == [("reduce-scatter", ring.RingReduceScatter), ("unshard async", True)]
-    assert older.calls == [("unshard async", True)]
-
-
-def test_torch_compat_imports_without_fsdp2s_hook_interface(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before torch 2.9 FSDP2's private ``_fsdp_api`` has no ``ReduceScatter``: torch_compat
-    (and so runtime.ring) still imports, with a stand-in base class."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_api
-
-    real = getattr(_fsdp_api, "ReduceScatter", None)
-    try:
-        if real is not None:
-            monkeypatch.delattr(_fsdp_api, "ReduceScatter")
-        stand_in = importlib.reload(torch_compat).ReduceScatter
-        assert stand_in is not real and stand_in.__module__ == "subnetdp.torch_compat"
-        with pytest.raises(NotImplementedError):
-            stand_in().allocate((1,), dtype=torch.float32, device=torch.device("cpu"))
-    finally:
-        monkeypatch.undo()
-        restored = importlib.reload(torch_compat).ReduceScatter
-    assert restored is real if real is not None else restored.__module__ == stand_in.__module__
+            assert cases["present"]["zero ran"] == sorted(NEWER)
+            assert cases["present"]["losses"] == cases["hidden"]["losses"]  # bit for bit
 
 
 def test_launch_grace_where_launch_config_takes_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     _get_dim0_padded_size,
     foreach_reduce_scatter_copy_in,
@@ -110,9 +109,7 @@ def _train(rank: int, world: int) -> dict[str, tuple[list[float], int, int]]:
 
 def test_training_with_the_ring_equals_training_without() -> None:
     """fsdp and b-sdp+fsdp train the same with runtime.ring's reduce-scatter and async
-    all-gathers as with FSDP2's gloo defaults. A torch before 2.9 has no reduce-scatter hook:
-    there the ring is never called (gloo's reduce-scatter runs)."""
-    hook = torch_compat.has_custom_reduce_scatter(FSDPModule)
+    all-gathers as with FSDP2's gloo defaults."""
     results = run_workers(_train, 4)
     off = " (gloo rs) (sync unshard)"
     for per_rank in results:
@@ -121,8 +118,8 @@ def test_training_with_the_ring_equals_training_without() -> None:
         for label in ("fsdp", "b-sdp+fsdp (C=0.5)"):
             (ring, rings, asyncs), (gloo, no_rings, no_asyncs) = (per_rank[label],
                                                                   per_rank[label + off])
-            # both ran (the ring where FSDP2 takes it), and only where asked for
-            assert (rings > 0) == hook and asyncs > 0 and no_rings == no_asyncs == 0
+            # both ran, and only where asked for
+            assert rings > 0 and asyncs > 0 and no_rings == no_asyncs == 0
             # three AdamW steps apart only by the reduce-scatters' summation order
             assert ring == pytest.approx(gloo, rel=1e-5)
 

@@ -7,8 +7,7 @@ every gradient on the wire where a ring needs (h-1)/h (docs/results/network.md, 
 which every rank sends one 1/h chunk to the next rank and adds the chunk it receives from the
 previous one; after the last step rank i holds the reduced chunk i. Besides its input and
 output it holds one chunk-sized buffer (gloo's clone: the whole input). FSDP2 takes it through
-its supported hook, ``FSDPModule.set_custom_reduce_scatter`` (``GlooComms``), where the torch
-has it (``torch_compat``: 2.9 and newer; older ones keep gloo's reduce-scatter).
+its supported hook, ``FSDPModule.set_custom_reduce_scatter`` (``GlooComms``).
 
 Semantics are FSDP2's reduce-scatter: ``input`` is the padded flat gradient, h equal chunks
 in group-rank order; ``output`` gets this rank's chunk reduced with ``op`` (FSDP2 passes
@@ -28,12 +27,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
-from subnetdp.torch_compat import (
-    ReduceScatter,
-    has_custom_reduce_scatter,
-    reduce_scatter_single,
-    set_unshard_async,
-)
+from subnetdp.torch_compat import ReduceScatter, reduce_scatter_single, set_unshard_async
 
 _RING_OPS = (dist.ReduceOp.SUM, dist.ReduceOp.AVG)
 
@@ -104,7 +98,7 @@ class GlooComms:
         pg = mesh.get_group()
         if pg.size() < 2 or dist.get_backend(pg) != dist.Backend.GLOO:
             return
-        if self.ring_reduce_scatter and has_custom_reduce_scatter(module):  # torch >= 2.9
+        if self.ring_reduce_scatter:
             module.set_custom_reduce_scatter(RingReduceScatter())
         if self.async_unshard:
             set_unshard_async(module, True)
