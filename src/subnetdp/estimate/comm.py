@@ -80,7 +80,8 @@ def gather_scatter_elems(spec: BenchSpec, plan: Plan | None = None,
         return [_fsdp_elems(spec, meta, recipe)] * spec.world
     plan = plan if plan is not None else make_bench_plan(spec, meta, recipe)
     shapes = fsdp_unit_shapes(meta, recipe.adapter, plan, spec.strategy_value)
-    return by_row(plan, lambda r: _sdp_fsdp_elems(spec, plan, shapes, r))
+    sizes: dict[tuple[int, int], int] = {}  # (unit, holders): padded elements
+    return by_row(plan, lambda r: _sdp_fsdp_elems(spec, plan, shapes, r, sizes))
 
 
 def _allreduce_rank(plan: Plan, rank: int, width: int,
@@ -138,10 +139,12 @@ def _fsdp_elems(spec: BenchSpec, meta: Any,
 def _sdp_fsdp_elems(
     spec: BenchSpec, plan: Plan,
     unit_shapes: tuple[list[list[tuple[int, ...]]], list[tuple[int, ...]]], rank: int,
+    sizes: dict[tuple[int, int], int],
 ) -> dict[tuple[int, ...], tuple[int, int]]:
     """Per group: (gathered elements, reduce-scattered elements) of one step on ``rank``:
     blocks are gathered twice (forward, and again for backward after resharding), n-sdp's
-    parts once (kept gathered through backward, [Note: neuron groups] in runtime.fsdp)."""
+    parts once (kept gathered through backward, [Note: neuron groups] in runtime.fsdp).
+    ``sizes``: the padded elements of (unit, holder count), shared by the ranks."""
     shapes, shared_shapes = unit_shapes  # fsdp_unit_shapes
     gathers = 1 if spec.strategy_value.neuron_level else 2
     everyone = tuple(range(plan.world))
@@ -151,7 +154,9 @@ def _sdp_fsdp_elems(
         holders = plan.holders(u)
         if len(holders) < 2:
             continue
-        n = sum(_padded_numel(s, len(holders)) for s in shapes[u])
+        if (u, len(holders)) not in sizes:
+            sizes[u, len(holders)] = sum(_padded_numel(s, len(holders)) for s in shapes[u])
+        n = sizes[u, len(holders)]
         g, s = elems.get(holders, (0, 0))
         elems[holders] = (g + gathers * n, s + n)
     return elems

@@ -51,7 +51,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from subnetdp.estimate.cluster import Cluster, Link
+from subnetdp.estimate.cluster import Cluster
 from subnetdp.estimate.comm import analytic_comm, by_row, gather_scatter_elems
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.plan import Plan
@@ -366,59 +366,12 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
     wire = WIRE.get(backend, {})
     if spec.uses_fsdp and spec.ring_reduce_scatter and backend == "gloo":
         wire = {**wire, "reduce_scatter": RING_REDUCE_SCATTER_WIRE}
-    # on gloo FSDP2's calls block the training thread, except the all-gathers that
-    # runtime.ring's GlooComms issues asynchronously (BenchSpec.async_unshard)
-    scatters_block = backend in FSDP_BLOCKING
-    gathers_block = scatters_block and not spec.async_unshard
     comm: dict[str, float] = {}
     exposed: dict[str, float] = {}
-
-    def part(pred: Any) -> list[list[Collective]]:  # ranks of one plan row share a list
-        lists: dict[int, list[Collective]] = {}
-        for cs in colls:
-            if id(cs) not in lists:
-                lists[id(cs)] = [c for c in cs if pred(c)]
-        return [lists[id(cs)] for cs in colls]
-
-    def calls_of(per_rank: list[list[Collective]]) -> int:
-        return max((sum(c.calls for c in cs) for cs in {id(cs): cs for cs in per_rank}.values()),
-                   default=0)
-
-    # FSDP: forward gathers; backward gathers and reduce-scatters (one call per module each)
-    fsdp_fwd = part(lambda c: c.fsdp and c.phase == "forward")
-    gathers = part(lambda c: c.fsdp and c.phase == "backward" and c.kind == "all_gather")
-    scatters = part(lambda c: c.fsdp and c.phase == "backward" and c.kind != "all_gather")
-    if gathers_block:  # each module's calls follow the previous module's compute, all exposed
-        joined = {id(g): g + s for g, s in zip(gathers, scatters, strict=True)}
-        fsdp_bwd = [joined[id(g)] for g in gathers]
-        for key, per_rank, n, window in (
-                ("forward gather", fsdp_fwd, calls_of(fsdp_fwd), fwd_s),
-                ("backward", fsdp_bwd, max(calls_of(gathers), calls_of(scatters)), bwd_s)):
-            if any(per_rank):
-                comm[key] = exposed[key] = _phase_time(cluster, per_rank, wire, gaps=n,
-                                                       gap_s=window / n)
-    else:  # gathers pipeline with compute: NCCL's streams, or gloo's async gathers
-        if any(fsdp_fwd):
-            c = comm["forward gather"] = _phase_time(cluster, fsdp_fwd, wire)
-            exposed["forward gather"] = (pipelined(c, fwd_s, calls_of(fsdp_fwd))
-                                         if overlap and spec.fsdp_prefetch else c)
-        g = _phase_time(cluster, gathers, wire) if any(gathers) else 0.0
-        r = _phase_time(cluster, scatters, wire) if any(scatters) else 0.0
-        if any(gathers):
-            comm["backward gather"] = g
-        if any(scatters):
-            comm["backward scatter"] = r
-        if g or r:
-            n = max(calls_of(gathers), calls_of(scatters))
-            if scatters_block:  # the gathers pipeline, each reduce-scatter waits
-                exposed["backward"] = r + (pipelined(g, bwd_s, n)
-                                           if overlap and spec.fsdp_prefetch else g)
-            else:
-                exposed["backward"] = (g + r if not overlap else pipelined(g + r, bwd_s, n)
-                                       if spec.fsdp_prefetch else g + pipelined(r, bwd_s, n))
+    _fsdp_phases(spec, cluster, colls, wire, backend, (fwd_s, bwd_s), overlap, comm, exposed)
     # bucketed reductions during backward (DDP, SDP's reducer, ZeRO's reduce-scatters): one
     # idle gap (forward) before the first
-    reducer = part(lambda c: not c.fsdp and c.phase == "backward")
+    reducer = _part(colls, lambda c: not c.fsdp and c.phase == "backward")
     if any(reducer):
         t = comm["backward reduce"] = _phase_time(cluster, reducer, wire, gaps=1, gap_s=fwd_s)
         cases = {(id(f), id(cs)): (f, cs) for f, cs in zip(flops, colls, strict=True)}
@@ -428,16 +381,76 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
     # after the optimizer step (ZeRO's gathers, ddp+zero1's broadcasts): exposed
     for name, kinds in (("gather", ("all_gather",)), ("reduce", ("broadcast", "all_reduce",
                                                                   "reduce_scatter"))):
-        after = part(lambda c, kinds=kinds: c.phase == "after" and c.kind in kinds)
+        after = _part(colls, lambda c, kinds=kinds: c.phase == "after" and c.kind in kinds)
         if any(after):
             comm[f"after {name}"] = exposed[f"after {name}"] = _phase_time(cluster, after, wire)
     tokens = spec.world * spec.batch * (costs.seq or 1)
-    ring = {id(cs): sum(c.ring_bytes for c in cs) for cs in colls}
-    sent = {id(cs): sum(c.ring_bytes * wire.get(c.kind, 1.0) for c in cs) for cs in colls}
+    rows = {id(cs): cs for cs in colls}.values()  # one list per plan row
+    ring = {id(cs): sum(c.ring_bytes for c in cs) for cs in rows}
+    sent = {id(cs): sum(c.ring_bytes * wire.get(c.kind, 1.0) for c in cs) for cs in rows}
     return StepTime(
         compute_s=fwd_s + bwd_s, comm_s=comm, exposed_s=exposed,
         ring_bytes=[ring[id(cs)] for cs in colls], wire_bytes=[sent[id(cs)] for cs in colls],
         flops=flops, tokens=tokens)
+
+
+def _part(colls: list[list[Collective]], pred: Any) -> list[list[Collective]]:
+    """Per rank, its collectives that satisfy ``pred``; ranks of one plan row share a list."""
+    lists: dict[int, list[Collective]] = {}
+    for cs in colls:
+        if id(cs) not in lists:
+            lists[id(cs)] = [c for c in cs if pred(c)]
+    return [lists[id(cs)] for cs in colls]
+
+
+def _calls(per_rank: list[list[Collective]]) -> int:
+    """The most calls any rank launches."""
+    return max((sum(c.calls for c in cs) for cs in {id(cs): cs for cs in per_rank}.values()),
+               default=0)
+
+
+def _fsdp_phases(spec: BenchSpec, cluster: Cluster, colls: list[list[Collective]],
+                 wire: dict[str, float], backend: str, compute: tuple[float, float],
+                 overlap: bool, comm: dict[str, float], exposed: dict[str, float]) -> None:
+    """FSDP's gathers and reduce-scatters into ``comm`` and ``exposed`` (``predict_step``'s
+    per phase); ``compute``: the forward and backward seconds."""
+    fwd_s, bwd_s = compute
+    # on gloo FSDP2's calls block the training thread, except the all-gathers that
+    # runtime.ring's GlooComms issues asynchronously (BenchSpec.async_unshard)
+    scatters_block = backend in FSDP_BLOCKING
+    gathers_block = scatters_block and not spec.async_unshard
+    # FSDP: forward gathers; backward gathers and reduce-scatters (one call per module each)
+    fsdp_fwd = _part(colls, lambda c: c.fsdp and c.phase == "forward")
+    gathers = _part(colls, lambda c: c.fsdp and c.phase == "backward" and c.kind == "all_gather")
+    scatters = _part(colls, lambda c: c.fsdp and c.phase == "backward" and c.kind != "all_gather")
+    if gathers_block:  # each module's calls follow the previous module's compute, all exposed
+        joined = {id(g): g + s for g, s in zip(gathers, scatters, strict=True)}
+        fsdp_bwd = [joined[id(g)] for g in gathers]
+        for key, per_rank, n, window in (
+                ("forward gather", fsdp_fwd, _calls(fsdp_fwd), fwd_s),
+                ("backward", fsdp_bwd, max(_calls(gathers), _calls(scatters)), bwd_s)):
+            if any(per_rank):
+                comm[key] = exposed[key] = _phase_time(cluster, per_rank, wire, gaps=n,
+                                                       gap_s=window / n)
+    else:  # gathers pipeline with compute: NCCL's streams, or gloo's async gathers
+        if any(fsdp_fwd):
+            c = comm["forward gather"] = _phase_time(cluster, fsdp_fwd, wire)
+            exposed["forward gather"] = (pipelined(c, fwd_s, _calls(fsdp_fwd))
+                                         if overlap and spec.fsdp_prefetch else c)
+        g = _phase_time(cluster, gathers, wire) if any(gathers) else 0.0
+        r = _phase_time(cluster, scatters, wire) if any(scatters) else 0.0
+        if any(gathers):
+            comm["backward gather"] = g
+        if any(scatters):
+            comm["backward scatter"] = r
+        if g or r:
+            n = max(_calls(gathers), _calls(scatters))
+            if scatters_block:  # the gathers pipeline, each reduce-scatter waits
+                exposed["backward"] = r + (pipelined(g, bwd_s, n)
+                                           if overlap and spec.fsdp_prefetch else g)
+            else:
+                exposed["backward"] = (g + r if not overlap else pipelined(g + r, bwd_s, n)
+                                       if spec.fsdp_prefetch else g + pipelined(r, bwd_s, n))
 
 
 def _phase_time(cluster: Cluster, per_rank: list[list[Collective]], wire: dict[str, float],
@@ -447,28 +460,46 @@ def _phase_time(cluster: Cluster, per_rank: list[list[Collective]], wire: dict[s
     ``gap_s`` each precede calls: after each, a shaped link (``Link.burst``) passes up to its
     refilled bucket at once."""
     load: dict[tuple[str, int], float] = defaultdict(float)
-    links: dict[tuple[str, int], Link] = {}
     rings: dict[int, tuple[dict[int, int], float]] = {}  # per group: successors, α
-    latency: dict[int, float] = {}  # per list of collectives (one per plan row)
+    # per list of collectives (one per plan row): (successors, wire bytes) of each, and the
+    # latency of the whole list
+    rows: dict[int, tuple[list[tuple[dict[int, int], float]], float]] = {}
     for rank, colls in enumerate(per_rank):
-        for c in colls:
-            f = wire.get(c.kind, 1.0)
-            if id(c.group) not in rings:
-                rings[id(c.group)] = _ring(cluster, c.group)
-            succ = rings[id(c.group)][0][rank]
-            for key, link in _links(cluster, rank, succ):
-                load[key] += c.ring_bytes * f
-                links[key] = link
-        if id(colls) not in latency:
-            latency[id(colls)] = sum(c.calls * c.steps(wire.get(c.kind, 1.0))
-                                     * rings[id(c.group)][1] for c in colls)
+        if id(colls) not in rows:
+            rows[id(colls)] = _row_rings(cluster, colls, wire, rings)
+        a = cluster.node(rank)
+        for succ, nbytes in rows[id(colls)][0]:
+            b = cluster.node(succ[rank])
+            if a != b:  # out of this node's NICs, into the successor's
+                load["out", a] += nbytes
+                load["in", b] += nbytes
+            else:
+                load[("node", a) if cluster.shared_intra else ("rank", rank)] += nbytes
+    nic = cluster.intra if cluster.inter is None else dataclasses.replace(
+        cluster.inter, bandwidth=cluster.inter.bandwidth * cluster.nics)
     busiest = 0.0
     for key, nbytes in load.items():
-        link = links[key]
+        link = cluster.intra if key[0] in ("node", "rank") else nic
         if gaps:
             nbytes -= gaps * min(link.burst, link.bandwidth * gap_s, nbytes / gaps)
         busiest = max(busiest, nbytes / link.bandwidth)
-    return busiest + max(latency.values(), default=0.0)
+    return busiest + max((latency for _, latency in rows.values()), default=0.0)
+
+
+def _row_rings(cluster: Cluster, colls: list[Collective], wire: dict[str, float],
+               rings: dict[int, tuple[dict[int, int], float]],
+               ) -> tuple[list[tuple[dict[int, int], float]], float]:
+    """One rank's collectives as (its group's successors, bytes it sends on the wire), and
+    its latency: the steps of every call at its group's α. ``rings``: per group, filled."""
+    out, latency = [], 0.0
+    for c in colls:
+        f = wire.get(c.kind, 1.0)
+        if id(c.group) not in rings:
+            rings[id(c.group)] = _ring(cluster, c.group)
+        succ, alpha = rings[id(c.group)]
+        out.append((succ, c.ring_bytes * f))
+        latency += c.calls * c.steps(f) * alpha
+    return out, latency
 
 
 def _ring(cluster: Cluster, group: tuple[int, ...]) -> tuple[dict[int, int], float]:
@@ -477,12 +508,3 @@ def _ring(cluster: Cluster, group: tuple[int, ...]) -> tuple[dict[int, int], flo
     succ = dict(zip(group, group[1:] + group[:1], strict=True))
     crosses = len({cluster.node(r) for r in group}) > 1
     return succ, (cluster.inter.latency if crosses and cluster.inter else cluster.intra.latency)
-
-
-def _links(cluster: Cluster, src: int, dst: int) -> list[tuple[tuple[str, int], Link]]:
-    a, b = cluster.node(src), cluster.node(dst)
-    if a == b:
-        return [(("node", a) if cluster.shared_intra else ("rank", src), cluster.intra)]
-    assert cluster.inter is not None
-    nic = dataclasses.replace(cluster.inter, bandwidth=cluster.inter.bandwidth * cluster.nics)
-    return [(("out", a), nic), (("in", b), nic)]

@@ -17,7 +17,7 @@ from typing import Any
 
 def group_key(ranks: tuple[int, ...] | list[int]) -> str:
     """A JSON-friendly name for a process group: its ranks, e.g. ``"0,1,2"``."""
-    return ",".join(str(r) for r in ranks)
+    return ",".join(map(str, ranks))
 
 
 def ring_bytes(payload: float, group_size: int) -> float:
