@@ -506,5 +506,6 @@ def _ring(cluster: Cluster, group: tuple[int, ...]) -> tuple[dict[int, int], flo
     """A group's ring: each member's successor, and the latency of one step (the NICs' when
     the group spans nodes)."""
     succ = dict(zip(group, group[1:] + group[:1], strict=True))
-    crosses = len({cluster.node(r) for r in group}) > 1
+    # a node holds consecutive ranks: the group stays on one node iff its ends do
+    crosses = cluster.node(min(group)) != cluster.node(max(group))
     return succ, (cluster.inter.latency if crosses and cluster.inter else cluster.intra.latency)
