@@ -4,11 +4,14 @@ strategy advisor (estimate.advisor, ``subnetdp plan --cluster``)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from pathlib import Path
 
 import pytest
 
 from subnetdp.cli import main
-from subnetdp.estimate.advisor import advise, analytic_peak, candidates
+from subnetdp.estimate.advisor import advise, analytic_peak, candidates, left_out
 from subnetdp.estimate.cluster import DEVICES, Cluster, Link, parse_cluster, parse_rate
 from subnetdp.estimate.comm import analytic_comm
 from subnetdp.estimate.spec import BenchSpec
@@ -253,3 +256,63 @@ def test_advisor_peak_counts_the_communicators() -> None:
     ddp = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
     assert (analytic_peak(dataclasses.replace(ddp, comm_mem_mb=100.0), costs)
             - analytic_peak(ddp, costs)) == 100 * 2**20  # the world group only
+
+
+def test_advisor_tables_unchanged() -> None:
+    """The advisor evaluates each distinct case once (ranks of one plan row share their
+    collectives, FLOPs and buckets): on small clusters its tables are exactly those of the
+    per-rank loop before (``data/advisor_small.json``, ``advisor_cases``)."""
+    from tests.estimate.advisor_cases import CASES, KEYS
+
+    with open(Path(__file__).parent / "data" / "advisor_small.json") as f:
+        expected = json.load(f)
+    for (text, backend, overlap), want in zip(CASES, expected, strict=True):
+        cluster = parse_cluster(text)
+        base = BenchSpec(strategy="ddp", recipe="llama-tiny", world=cluster.world, batch=2,
+                         seq=32, model_args=(("n_layers", 4),), comm_mem_mb=636.0)
+        (rows,) = advise(base, [cluster], memory_gb=0.75, rate=1e13, backend=backend,
+                         overlap=overlap)
+        got = json.loads(json.dumps([{k: a.to_dict()[k] for k in KEYS} for a in rows]))
+        assert got == want, text
+
+
+@pytest.mark.parametrize("label", ["bb-sdp+fsdp", "b-sdp+zero2", "fsdp"])
+def test_advisor_work_grows_with_cases_not_ranks(label: str) -> None:
+    """On 1,000 nodes x 8 the collectives and FLOPs are computed once per distinct plan row
+    (as many as on 8 ranks, at most C(4, 2) for 4 blocks at C = 0.5), and the answer comes."""
+    from subnetdp.estimate.spec import make_bench_plan, meta_model
+
+    distinct = {}
+    for world in (8, 8000):
+        spec = BenchSpec(strategy=label, coverage=0.5 if "sdp" in label else 1.0,
+                         **{**TINY, "world": world})  # type: ignore[arg-type]
+        recipe, meta = meta_model(spec)
+        plan = make_bench_plan(spec, meta, recipe) if spec.is_sdp else None
+        colls = collectives(spec, plan)
+        costs = recipe_costs(recipe, batch=2, seq=32, model_args={"n_layers": 4})
+        rows = len(set(plan.matrix)) if plan is not None else 1
+        assert len({id(c) for c in colls}) == rows
+        assert len({id(f) for f in rank_flops(spec, costs, plan)}) == rows
+        distinct[world] = rows
+    assert distinct[8000] <= math.comb(4, 2)
+    cluster = parse_cluster("nodes=1000,gpus-per-node=8,gpu=h100,inter=25gbit")
+    (rows_,) = advise(BenchSpec(strategy="ddp", **{**TINY, "world": 8000}),  # type: ignore[arg-type]
+                      [cluster], memory_gb=80, rate=4e14, coverages=(0.5,), options=(label,))
+    assert len(rows_) == 1 and rows_[0].time.step_s > 0
+
+
+def test_advisor_leaves_out_neuron_plans_of_huge_worlds(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """n-sdp's plan has a group per rank in every layer pair (quadratic in the world): over
+    NEURON_PLAN_CELLS its options are left out, and the table says so."""
+    base = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
+    assert left_out(base, 4, (0.5,), ("ddp", "n-sdp")) == []
+    assert left_out(base, 8000, (0.5,), ("ddp", "n-sdp", "n-sdp+fsdp")) == [
+        "n-sdp (C=0.5)", "n-sdp+fsdp (C=0.5)"]
+    assert main(["plan", "--recipe", "llama-tiny", "--cluster",
+                 "nodes=1000,gpus-per-node=8,gpu=h100,inter=25gbit", "--batch-size", "2",
+                 "--seq-len", "32", "--model-arg", "n_layers=4", "--strategies", "ddp,n-sdp",
+                 "--coverages", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "not estimated on 8000 ranks: n-sdp (C=0.5)" in out
+    assert "\nddp " in out and "\nn-sdp " not in out

@@ -51,7 +51,7 @@ from subnetdp.commands.options import (
 )
 from subnetdp.estimate.cluster import DEVICES
 from subnetdp.estimate.cluster import KEYS as CLUSTER_KEYS
-from subnetdp.estimate.communicators import comm_mem_mb
+from subnetdp.estimate.communicators import comm_mem_mb, split_shared
 from subnetdp.plan import Plan, PlanError, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
 from subnetdp.plan.report import plan_report
@@ -365,7 +365,8 @@ def _search_base(args: argparse.Namespace, world: int, comm_mb: float) -> Any:
     return BenchSpec(recipe=args.recipe, strategy="ddp", world=world,
                      batch=args.batch_size or 1, seq=args.seq_len or 2048,
                      **composition_fields(comp.replace(fsdp=False, ac=False)),
-                     model_args=tuple(sorted(model_args.items())), comm_mem_mb=comm_mb)
+                     model_args=tuple(sorted(model_args.items())), comm_mem_mb=comm_mb,
+                     comm_split_shared=split_shared())
 
 
 def _budget(args: argparse.Namespace) -> int:
@@ -451,7 +452,7 @@ def _per_rank_budgets(args: argparse.Namespace, budgets: list[float], comm_mb: f
 
 def _advise(args: argparse.Namespace) -> int:
     """``--cluster``: the advisor's table per cluster (``estimate.advisor``)."""
-    from subnetdp.estimate.advisor import OPTIONS, advise, format_advice
+    from subnetdp.estimate.advisor import OPTIONS, advise, format_advice, left_out
     from subnetdp.estimate.cluster import parse_cluster
 
     try:
@@ -461,7 +462,7 @@ def _advise(args: argparse.Namespace) -> int:
         if args.world is not None and args.world != clusters[0].world:
             raise ValueError(f"--nproc {args.world} differs from the cluster's "
                              f"{clusters[0].world} ranks; drop --nproc")
-        comm_mb = comm_mem_mb(args.comm_mem_mb, nccl=True)
+        comm_mb = comm_mem_mb(args.comm_mem_mb, nccl=clusters[0].device.backend == "nccl")
         if args.mfu is not None and not 0 < args.mfu <= 1:
             raise ValueError(f"--mfu must be in (0, 1], got {args.mfu}")
         if args.peak_tflops is not None and args.peak_tflops <= 0:
@@ -483,16 +484,19 @@ def _advise(args: argparse.Namespace) -> int:
         options = tuple(t for t, _ in args.strategies) if args.strategies else OPTIONS
         tables = advise(base, clusters, memory_gb=memory_gb, rate=peak * mfu,
                         coverages=coverages, options=options, overlap=not args.no_overlap)
+        skipped = left_out(base, clusters[0].world, coverages, options)
     except ValueError as e:
         print(f"subnetdp plan: error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps([{"cluster": c.describe(), "peak_flops": peak, "mfu": mfu,
-                           "memory_gb": memory_gb, "rows": [a.to_dict() for a in rows]}
+                           "memory_gb": memory_gb, "not_estimated": skipped,
+                           "rows": [a.to_dict() for a in rows]}
                           for c, rows in zip(clusters, tables, strict=True)]))
         return 0
     print("\n\n".join(format_advice(rows, c, base, memory_gb=memory_gb, rate=peak * mfu,
-                                    mfu=mfu, peak=peak, overlap=not args.no_overlap)
+                                    mfu=mfu, peak=peak, overlap=not args.no_overlap,
+                                    skipped=skipped)
                        for c, rows in zip(clusters, tables, strict=True)))
     return 0
 

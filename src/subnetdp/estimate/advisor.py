@@ -16,9 +16,18 @@ the loss's two fp32 logits-sized buffers; FSDP adds the unsharded parameters of 
 of two blocks (the running one and the prefetched one; n-sdp keeps its held groups gathered
 through backward). On llama-tiny this is within a few percent of the fake-mode estimate
 (``docs/advisor.md``); what it leaves out is allocator rounding. NCCL's buffers are added per
-communicator (``spec.comm_mem_mb`` each, for the rank that joins the most holder groups).
+communicator, for the rank that joins the most holder groups (``spec.comm_mem_mb`` each, or
+shared by the groups split from the world one: ``estimate.communicators``); the CLI gives 0
+where the collectives are gloo's (``Device.backend``).
 
 Step time is ``estimate.steptime``'s on the cluster, at the device's peak × MFU.
+
+Cost: ranks with the same plan row share their groups, collectives, FLOPs and bucket
+timeline (``estimate.comm.by_row``), so the work grows with the plan's distinct rows: a
+block-level plan has a few (llama-1b on 8,000 ranks: 24), and 1,000 nodes x 8 GPUs answer in
+seconds. A neuron-level plan (n-sdp) has one group per rank in every layer pair, so every row
+differs and its plan grows with the square of the world: beyond ``NEURON_PLAN_CELLS`` plan
+cells (ranks x units) its options are left out, and the table says so (``too_large``).
 """
 
 from __future__ import annotations
@@ -29,12 +38,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from subnetdp.estimate.cluster import Cluster
-from subnetdp.estimate.communicators import communicator_bytes
+from subnetdp.estimate.communicators import communicator_bytes, describe_communicators
 from subnetdp.estimate.memory import analytic_state, fsdp_unit_shapes
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.estimate.steptime import StepTime, collectives, predict_step
 from subnetdp.plan.communicators import communicators_per_rank
 from subnetdp.subnet.costs import ModelCosts, recipe_costs
+from subnetdp.subnet.neurons import default_groups, select_pairs
 
 GB = 1e9
 # what the advisor tries by default (names as ``strategy.parse_label`` reads them); every
@@ -43,6 +53,10 @@ OPTIONS = ("ddp", "ddp+ac", "fsdp", "fsdp+ac", "ddp+zero1", "ddp+zero2",
            "b-sdp", "b-sdp+ac", "b-sdp+fsdp", "b-sdp+fsdp+ac", "b-sdp+zero1", "b-sdp+zero2",
            "n-sdp", "n-sdp+fsdp", "bb-sdp", "bb-sdp+fsdp")
 COVERAGES = (0.5, 0.75)
+# ranks x units of the largest neuron-level plan the advisor builds (llama-tiny: 8 layer
+# pairs, so about 500 ranks; llama-1b: 32 pairs, about 250): beyond it n-sdp's groups,
+# one per rank per pair, make its plan and its collectives quadratic in the world
+NEURON_PLAN_CELLS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -77,23 +91,27 @@ def candidates(base: BenchSpec, coverages: tuple[float, ...] = COVERAGES,
 
 def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: float,
            coverages: tuple[float, ...] = COVERAGES, options: tuple[str, ...] = OPTIONS,
-           backend: str = "nccl", overlap: bool = True) -> list[list[Advice]]:
+           backend: str | None = None, overlap: bool = True) -> list[list[Advice]]:
     """Per cluster (all of one size), every candidate of ``base`` (recipe, batch, seq, dtype;
     world = the clusters') with its memory and step time; the fastest that fits marked.
-    Memory, plans and collectives do not depend on the links: computed once."""
+    Memory, plans and collectives do not depend on the links: computed once. ``backend``:
+    the collectives' (default: the device's, ``Device.backend``)."""
     if memory_gb <= 0:
         raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
     if len({c.world for c in clusters}) != 1:
         raise ValueError("the clusters of one table must have the same number of ranks")
     base = base.replace(world=clusters[0].world)
+    backend = backend or clusters[0].device.backend
     recipe, meta = meta_model(base)
     if recipe.task != "lm":
         raise ValueError(f"the advisor plans language models; {base.recipe} is {recipe.task}")
     costs = recipe_costs(recipe, batch=base.batch, seq=base.seq, model_args=dict(base.model_args))
     known = []
     for spec in candidates(base, coverages, options):
+        if too_large(spec, meta, recipe):
+            continue
         plan = make_bench_plan(spec, meta, recipe) if spec.is_sdp else None
-        known.append((spec, plan, collectives(spec), analytic_peak(spec, costs, plan)))
+        known.append((spec, plan, collectives(spec, plan), analytic_peak(spec, costs, plan)))
     tables = []
     for cluster in clusters:
         rows = [Advice(spec, peak, peak <= memory_gb * GB,
@@ -106,6 +124,25 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
             rows = [dataclasses.replace(a, fastest=True) if a is best else a for a in rows]
         tables.append(rows)
     return tables
+
+
+def too_large(spec: BenchSpec, meta: Any, recipe: Any) -> bool:
+    """Whether ``spec`` is a neuron-level plan over ``NEURON_PLAN_CELLS`` (module docstring)."""
+    if not spec.strategy_value.neuron_level:
+        return False
+    ps = spec.plan_spec
+    kinds = [k for k in ps.neuron_kinds.split(",") if k] if ps.neuron_kinds else None
+    pairs = len(select_pairs(meta, recipe.adapter, kinds))
+    groups = ps.neuron_groups or default_groups(spec.world, spec.coverage)
+    return spec.world * pairs * groups > NEURON_PLAN_CELLS
+
+
+def left_out(base: BenchSpec, world: int, coverages: tuple[float, ...] = COVERAGES,
+             options: tuple[str, ...] = OPTIONS) -> list[str]:
+    """The labels ``advise`` leaves out on ``world`` ranks (``too_large``)."""
+    base = base.replace(world=world)
+    recipe, meta = meta_model(base)
+    return [s.label for s in candidates(base, coverages, options) if too_large(s, meta, recipe)]
 
 
 def analytic_peak(spec: BenchSpec, costs: ModelCosts, plan: Any = None) -> float:
@@ -134,7 +171,7 @@ def analytic_peak(spec: BenchSpec, costs: ModelCosts, plan: Any = None) -> float
     # takes back ([Note: communicator memory])
     comms = max(communicators_per_rank(plan)) if plan is not None else 1
     return (state + acts + 2 * logits + _gathered(spec, meta, recipe, plan, r)
-            + communicator_bytes(comms, spec.comm_mem_mb))
+            + communicator_bytes(comms, spec.comm_mem_mb, shared=spec.comm_split_shared))
 
 
 def _runs(spec: BenchSpec, plan: Any, rank: int, n_units: int) -> list[float]:
@@ -172,13 +209,14 @@ def _gathered(spec: BenchSpec, meta: Any, recipe: Any, plan: Any, rank: int) -> 
 
 def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
                   memory_gb: float, rate: float, mfu: float, peak: float,
-                  overlap: bool) -> str:
+                  overlap: bool, skipped: list[str] | None = None) -> str:
     lines = [
         f"{base.recipe} on {cluster.describe()}",
         f"assumptions: {cluster.device.name} peak {peak / 1e12:g} TFLOP/s ({base.dtype} "
         f"compute), MFU {mfu:g} -> {rate / 1e12:.4g} TFLOP/s per rank; memory "
         f"{memory_gb:g} GB per rank; micro-batch {base.batch} x {base.seq} tokens per rank; "
-        f"NCCL ring collectives, {base.comm_mem_mb:g} MiB per communicator; overlap "
+        + describe_communicators(cluster.device.backend, base.comm_mem_mb,
+                                 base.comm_split_shared) + "; overlap "
         + ("on (buckets hide behind backward, FSDP prefetches adjacent blocks)" if overlap
            else "off (all communication exposed)"),
         f"{'option':<28} {'fits':>4} {'peak GB':>8} {'ring MB':>9} {'compute s':>10} "
@@ -193,6 +231,11 @@ def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
     if not any(a.fits for a in rows):
         lines.append("nothing fits: lower --batch-size or --seq-len, use --dtype bf16-mixed, "
                      "or add GPUs")
+    if skipped:
+        lines.append(f"not estimated on {cluster.world} ranks: {', '.join(skipped)} (a "
+                     "neuron-level plan has a group per rank in every layer pair: its plan and "
+                     f"collectives grow with the square of the ranks; limit {NEURON_PLAN_CELLS:,} "
+                     "plan cells)")
     lines.append("ring MB: bytes the busiest rank sends per step (counted, estimate.comm); "
                  "comm s: exposed communication; SDP options train each block on a coverage "
                  "share of the data per step: quality is not part of this table")

@@ -41,6 +41,7 @@ class Device:
     mfu: float  # model FLOP/s / peak: assumed on GPUs, measured on the CPU
     intra: Link  # the default link between ranks of one node
     note: str = ""
+    backend: str = "nccl"  # the collectives' (distributed.process_group: gloo on CPUs)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s of the compute dtype (``bf16-mixed`` and ``bf16`` compute in bf16)."""
@@ -63,7 +64,7 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     # with other jobs, load about 7): peak = a 1024^3 fp32 matmul, mfu = llama-tiny's
     # training step (counted FLOPs / time) / that peak (benchmarks/results/cpu_calibration.json)
     Device("cpu", 13.4e9, 13.4e9, 8, 0.25, Link(2.6e9 / 8, 5e-5),
-           "this project's 2-core Xeon, 4 processes sharing it (measured)"),
+           "this project's 2-core Xeon, 4 processes sharing it (measured)", "gloo"),
 )}
 
 

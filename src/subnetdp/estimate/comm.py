@@ -20,6 +20,10 @@
 - Mixed precision (``bf16-mixed``): all-gathers carry the compute dtype (bf16), reductions the
   master dtype (fp32: DDP/SDP gradients are fp32; FSDP's ``reduce_dtype`` is fp32).
 
+Ranks with the same plan row (the same held units, so the same groups) get one record object,
+shared: the cost grows with the plan's distinct rows, not with the world (a cluster of
+thousands of ranks has a handful of rows). The records are read-only.
+
 ``tests/estimate/test_measured.py`` checks SDP and DDP against the bytes counted by instrumented
 runs, and SDP+FSDP against the per-group traffic the wrapper reports (from its FSDP modules'
 sizes, unpadded: within 1%); the FSDP2 baselines' figures are not checked against a count.
@@ -28,7 +32,8 @@ sizes, unpadded: within 1%); the FSDP2 baselines' figures are not checked agains
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from subnetdp.estimate.memory import fsdp_unit_shapes
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
@@ -36,31 +41,47 @@ from subnetdp.metrics.comm import allreduce_record, group_key, ring_bytes
 from subnetdp.plan import Plan
 from subnetdp.subnet.units import unit_modules
 
+_T = TypeVar("_T")
 
-def analytic_comm(spec: BenchSpec) -> list[dict[str, Any]]:
-    """Per rank, the same record shape as ``metrics.comm.comm_record``."""
-    elems = gather_scatter_elems(spec)
+
+def analytic_comm(spec: BenchSpec, plan: Plan | None = None) -> list[dict[str, Any]]:
+    """Per rank, the same record shape as ``metrics.comm.comm_record`` (one shared object per
+    plan row); ``plan``: the spec's, when the caller has it."""
+    elems = gather_scatter_elems(spec, plan)
     if elems is not None:
-        return [_gather_scatter_record(spec, e) for e in elems]
+        records: dict[int, dict[str, Any]] = {}
+        return [records.get(id(e)) or records.setdefault(id(e), _gather_scatter_record(spec, e))
+                for e in elems]
     recipe, meta = meta_model(spec, check_seq=False)  # gradient traffic: any sequence
     if not spec.is_sdp and spec.composition().zero == 1:
-        return [_zero_redundancy_rank(spec, meta) for _ in range(spec.world)]
-    plan = make_bench_plan(spec, meta, recipe)
+        return [_zero_redundancy_rank(spec, meta)] * spec.world
+    plan = plan if plan is not None else make_bench_plan(spec, meta, recipe)
     collective = "reduce_scatter+all_gather" if spec.composition().zero else "all_reduce"
-    return [_allreduce_rank(plan, r, spec.reduce_bytes, collective) for r in range(spec.world)]
+    return by_row(plan, lambda r: _allreduce_rank(plan, r, spec.reduce_bytes, collective))
 
 
-def gather_scatter_elems(spec: BenchSpec) -> list[dict[tuple[int, ...], tuple[int, int]]] | None:
+def by_row(plan: Plan, per_rank: Callable[[int], _T]) -> list[_T]:
+    """``per_rank(r)`` for every rank, computed once per distinct plan row (the ranks holding
+    the same units) and shared by the ranks of that row."""
+    seen: dict[tuple[bool, ...], _T] = {}
+    return [seen[row] if row in seen else seen.setdefault(row, per_rank(r))
+            for r, row in enumerate(plan.matrix)]
+
+
+def gather_scatter_elems(spec: BenchSpec, plan: Plan | None = None,
+                         ) -> list[dict[tuple[int, ...], tuple[int, int]]] | None:
     """FSDP anywhere: per rank, per group, the (all-gathered, reduce-scattered) elements of one
-    step (``_gather_scatter_record`` turns them into bytes); None without FSDP."""
+    step (``_gather_scatter_record`` turns them into bytes; one shared object per plan row);
+    None without FSDP."""
     if not spec.uses_fsdp:
         return None
     recipe, meta = meta_model(spec, check_seq=False)
     if not spec.is_sdp:  # the FSDP baselines
         return [_fsdp_elems(spec, meta, recipe)] * spec.world
-    plan = make_bench_plan(spec, meta, recipe)
+    plan = plan if plan is not None else make_bench_plan(spec, meta, recipe)
     shapes = fsdp_unit_shapes(meta, recipe.adapter, plan, spec.strategy_value)
-    return [_sdp_fsdp_elems(spec, plan, shapes, r) for r in range(spec.world)]
+    sizes: dict[tuple[int, int], int] = {}  # (unit, holders): padded elements
+    return by_row(plan, lambda r: _sdp_fsdp_elems(spec, plan, shapes, r, sizes))
 
 
 def _allreduce_rank(plan: Plan, rank: int, width: int,
@@ -118,20 +139,24 @@ def _fsdp_elems(spec: BenchSpec, meta: Any,
 def _sdp_fsdp_elems(
     spec: BenchSpec, plan: Plan,
     unit_shapes: tuple[list[list[tuple[int, ...]]], list[tuple[int, ...]]], rank: int,
+    sizes: dict[tuple[int, int], int],
 ) -> dict[tuple[int, ...], tuple[int, int]]:
     """Per group: (gathered elements, reduce-scattered elements) of one step on ``rank``:
     blocks are gathered twice (forward, and again for backward after resharding), n-sdp's
-    parts once (kept gathered through backward, [Note: neuron groups] in runtime.fsdp)."""
+    parts once (kept gathered through backward, [Note: neuron groups] in runtime.fsdp).
+    ``sizes``: the padded elements of (unit, holder count), shared by the ranks."""
     shapes, shared_shapes = unit_shapes  # fsdp_unit_shapes
     gathers = 1 if spec.strategy_value.neuron_level else 2
     everyone = tuple(range(plan.world))
     shared = sum(_padded_numel(s, plan.world) for s in shared_shapes)
     elems: dict[tuple[int, ...], tuple[int, int]] = {everyone: (shared, shared)}
     for u in plan.held_units(rank):
-        holders = tuple(sorted(plan.holders(u)))
+        holders = plan.holders(u)
         if len(holders) < 2:
             continue
-        n = sum(_padded_numel(s, len(holders)) for s in shapes[u])
+        if (u, len(holders)) not in sizes:
+            sizes[u, len(holders)] = sum(_padded_numel(s, len(holders)) for s in shapes[u])
+        n = sizes[u, len(holders)]
         g, s = elems.get(holders, (0, 0))
         elems[holders] = (g + gathers * n, s + n)
     return elems

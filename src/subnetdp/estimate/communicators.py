@@ -23,13 +23,26 @@ less (``benchmarks/gpu_check.sh`` measures it per extra group), give that figure
 
 ``plan --memory-gb`` and ``train --memory-gb`` count them alike (``comm_mem_mb``): the value
 given, else ``DEFAULT_COMM_MB`` where the collectives are NCCL's (``plan``, which plans for
-GPUs; a ``train`` run on CUDA) and 0 where they are gloo's (a ``train`` run on CPUs: gloo
-allocates no device buffers).
+GPUs; ``plan --cluster`` on GPUs; a ``train`` run on CUDA) and 0 where they are gloo's (a
+``train`` run on CPUs, ``plan --cluster`` with ``gpu=cpu``: gloo allocates no device buffers).
+
+Split communicators: the runtime creates the world communicator eagerly and every holder
+group as an ``ncclCommSplit`` of it ([Note: split communicators] in
+``distributed.process_group``). Whether a child shares its parent's buffers is NCCL's
+``NCCL_COMM_SPLIT_SHARE_RESOURCES``, read from the workers' environment, which they inherit
+from the launching shell: the estimate reads the same variable (``split_shared``), so its
+default is what a run started from this environment does. Separate (the variable unset or
+0): every communicator costs ``comm_mem_mb``. Shared (1): the world communicator costs
+``comm_mem_mb`` and each child at most ``SHARED_CHILD_MB``: its peer buffers and proxy are
+its parent's, what remains is the device-side work FIFO and structures, the 48 MiB allowance
+(an upper bound, not measured here). ``communicator_bytes`` prices both.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MiB = 1 << 20
@@ -51,11 +64,37 @@ class NcclBuffers:
 
 
 DEFAULT_COMM_MB = NcclBuffers().bytes() / MiB  # 636.0
+# a child split from the world communicator with shared resources (module docstring)
+SHARED_CHILD_MB = NcclBuffers().fixed / MiB  # 48.0
+SPLIT_SHARE_VAR = "NCCL_COMM_SPLIT_SHARE_RESOURCES"
 
 
-def communicator_bytes(count: int, comm_mem_mb: float) -> int:
-    """Device bytes of ``count`` communicators of ``comm_mem_mb`` MiB each."""
-    return round(count * comm_mem_mb * MiB)
+def split_shared(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether NCCL's split communicators share their parent's resources in workers started
+    from ``env`` (NCCL's own reading of ``NCCL_COMM_SPLIT_SHARE_RESOURCES``: 1 shares)."""
+    return env.get(SPLIT_SHARE_VAR, "0").strip() == "1"
+
+
+def communicator_bytes(count: int, comm_mem_mb: float, *, shared: bool = False) -> int:
+    """Device bytes of ``count`` communicators, the world's and ``count - 1`` split from it:
+    ``comm_mem_mb`` MiB each, or with ``shared`` resources the world's and at most
+    ``SHARED_CHILD_MB`` per child."""
+    child = min(comm_mem_mb, SHARED_CHILD_MB) if shared else comm_mem_mb
+    return round((min(count, 1) * comm_mem_mb + max(count - 1, 0) * child) * MiB)
+
+
+def describe_communicators(backend: str, comm_mem_mb: float, shared: bool) -> str:
+    """What an estimate assumed about communicator memory, for its printed assumptions."""
+    if backend != "nccl":
+        return f"{backend} ring collectives: no communicator memory"
+    if comm_mem_mb == 0:
+        return "NCCL ring collectives, communicators not counted (--comm-mem-mb 0)"
+    if not shared:
+        return (f"NCCL ring collectives, {comm_mem_mb:g} MiB per communicator (holder groups split "
+                f"from the world one with separate buffers: {SPLIT_SHARE_VAR} unset)")
+    return (f"NCCL ring collectives, {comm_mem_mb:g} MiB for the world communicator + "
+            f"{min(comm_mem_mb, SHARED_CHILD_MB):g} per holder group ({SPLIT_SHARE_VAR}=1: "
+            "split with shared resources)")
 
 
 def check_comm_mem_mb(mb: float) -> None:

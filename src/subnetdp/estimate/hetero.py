@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from subnetdp.estimate.communicators import SHARED_CHILD_MB, split_shared
 from subnetdp.estimate.memory import MemoryEstimate, estimate_memory
 from subnetdp.estimate.spec import BenchSpec, composition_fields, make_bench_plan, meta_model
 from subnetdp.models import get_recipe
@@ -71,11 +72,13 @@ def budget_spec(recipe: str, strategy: str, *, world: int, batch: int, seq: int,
     """The spec a run's budgets are planned from (``plan_for_budgets``), built here for
     ``train --memory-gb`` and ``plan --memory-gb A,B,...`` alike: every input of the estimate
     is a required argument, so neither command can leave one out. ``strategy``: the SDP
-    strategy's name, composed by ``comp`` (the run's, ``composition_fields``)."""
+    strategy's name, composed by ``comp`` (the run's, ``composition_fields``). Whether split
+    communicators share resources is the environment's, which the workers inherit
+    (``estimate.communicators.split_shared``)."""
     return BenchSpec(recipe=recipe, strategy=strategy, world=world, batch=batch, seq=seq,
                      **composition_fields(comp), seed=seed,
                      model_args=tuple(sorted(model_args.items())), min_holders=min_holders,
-                     comm_mem_mb=comm_mem_mb)
+                     comm_mem_mb=comm_mem_mb, comm_split_shared=split_shared())
 
 
 class _Short(Exception):
@@ -182,7 +185,10 @@ def format_budget_plan(bp: BudgetPlan) -> str:
     lines = [f"per-rank budgets: {spec.recipe}, {spec.world} workers, {spec.strategy}, "
              f"micro-batch {spec.batch}" + (f" x {spec.seq} tokens" if get_recipe(
                  spec.recipe).task == "lm" else "") + f", {spec.dtype}, "
-             f"{spec.comm_mem_mb:g} MiB per communicator; balanced on memory, checked by the "
+             f"{spec.comm_mem_mb:g} MiB per communicator"
+             + (f" (holder groups: {min(spec.comm_mem_mb, SHARED_CHILD_MB):g}, split with "
+                "shared resources)" if spec.comm_split_shared else "")
+             + "; balanced on memory, checked by the "
              f"estimator ({bp.rounds} round(s))",
              f"{'worker':>6} {'budget GB':>10} {'capacity':>9} {'est. peak GB':>13} {'fits':>5}"]
     caps = spec.capacities or ()

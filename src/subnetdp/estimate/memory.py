@@ -121,7 +121,7 @@ def estimate_memory(spec: BenchSpec, *, ranks: list[int] | None = None) -> Memor
         base = done[rep[r]]
         analytic = base.analytic if r == base.rank else analytic_state(spec, r, plan)
         # communicators differ between ranks of the same row: added per rank, after the step
-        comm = communicator_bytes(comms[r], spec.comm_mem_mb)
+        comm = communicator_bytes(comms[r], spec.comm_mem_mb, shared=spec.comm_split_shared)
         breakdown = {**base.breakdown, "communicators": comm,
                      "total": base.breakdown["total"] + comm}
         out.per_rank.append(RankEstimate(r, breakdown["total"], breakdown, base.state, analytic,

@@ -101,6 +101,9 @@ class BenchSpec:
     # MiB of device memory per communicator (estimate.communicators); 0: not counted (what
     # CPU measurements see); the CLI's --comm-mem-mb defaults to NCCL's DEFAULT_COMM_MB
     comm_mem_mb: float = 0.0
+    # holder groups split from the world communicator share its buffers
+    # (NCCL_COMM_SPLIT_SHARE_RESOURCES=1; estimate.communicators.split_shared)
+    comm_split_shared: bool = False
 
     def __post_init__(self) -> None:
         _ = self.rank  # decoded and checked now: a bad spec fails where it is made

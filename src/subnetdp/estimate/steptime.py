@@ -51,8 +51,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from subnetdp.estimate.cluster import Cluster, Link
-from subnetdp.estimate.comm import analytic_comm, gather_scatter_elems
+from subnetdp.estimate.cluster import Cluster
+from subnetdp.estimate.comm import analytic_comm, by_row, gather_scatter_elems
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.plan import Plan
 from subnetdp.subnet.costs import ModelCosts, UnitCost, recipe_costs
@@ -98,17 +98,21 @@ class Collective:
         return 2 * h if self.kind == "all_reduce" or wire > 1 else h
 
 
-def collectives(spec: BenchSpec) -> list[list[Collective]]:
+def collectives(spec: BenchSpec, plan: Plan | None = None) -> list[list[Collective]]:
     """Per rank, its collectives with ``estimate.comm``'s bytes: FSDP's (all-gathered,
     reduce-scattered) elements per group, forward gathers = the reduce-scattered elements
     (each FSDP module once), backward gathers = the rest; otherwise the all-reduce (or ZeRO's
-    reduce-scatter + all-gather, or ddp+zero1's all-reduce + broadcast) of each group."""
-    elems = gather_scatter_elems(spec)
+    reduce-scatter + all-gather, or ddp+zero1's all-reduce + broadcast) of each group. Ranks
+    of one plan row share one list (``estimate.comm.by_row``); ``plan``: the spec's (SDP),
+    when the caller has it."""
+    elems = gather_scatter_elems(spec, plan)
     if elems is not None:
-        calls = _fsdp_modules(spec)
+        calls = _fsdp_modules(spec, plan)
         gb, rb = spec.gather_bytes, spec.reduce_bytes
-        out = []
+        out: dict[int, list[Collective]] = {}
         for per_group in elems:
+            if id(per_group) in out:
+                continue
             colls = []
             for group, (g, s) in sorted(per_group.items()):
                 if len(group) < 2:
@@ -120,30 +124,41 @@ def collectives(spec: BenchSpec) -> list[list[Collective]]:
                 if g > s:
                     colls.append(Collective("all_gather", group, float((g - s) * gb), n,
                                             "backward", True))
-            out.append(colls)
-        return out
+            out[id(per_group)] = colls
+        return [out[id(e)] for e in elems]
+    records = analytic_comm(spec, plan)
+    groups: dict[str, tuple[int, ...]] = {}  # one tuple per group: a world of 8,000 is big
+    lists: dict[int, list[Collective]] = {}
+    for rec in records:
+        if id(rec) not in lists:
+            lists[id(rec)] = _rank_collectives(spec, rec, groups)
+    return [lists[id(rec)] for rec in records]
+
+
+def _rank_collectives(spec: BenchSpec, rec: dict[str, Any],
+                      groups: dict[str, tuple[int, ...]]) -> list[Collective]:
+    """One rank's collectives from its ``analytic_comm`` record (no FSDP)."""
     cap = spec.bucket_cap_mb * 2**20
-    out = []
-    for rec in analytic_comm(spec):
-        colls = []
-        by_coll = rec["by_collective"]
-        for key, g in rec["by_group"].items():
-            group = tuple(int(r) for r in key.split(","))
-            if "broadcast" in by_coll:  # ddp+zero1: DDP's all-reduce, then the broadcasts
-                ar = by_coll["all_reduce"]["payload"]
-                colls += [Collective("all_reduce", group, ar, _buckets(ar, cap, first=True),
-                                     "backward"),
-                          Collective("broadcast", group, g["payload"] - ar, 1, "after")]
-            elif "reduce_scatter+all_gather" in by_coll:  # ZeRO in holder groups
-                n = _buckets(g["payload"], cap)
-                colls += [Collective("reduce_scatter", group, g["payload"], n, "backward"),
-                          Collective("all_gather", group, g["payload"], n, "after")]
-            else:
-                first = not spec.is_sdp  # torch DDP's small first bucket
-                colls.append(Collective("all_reduce", group, g["payload"],
-                                        _buckets(g["payload"], cap, first=first), "backward"))
-        out.append(colls)
-    return out
+    colls = []
+    by_coll = rec["by_collective"]
+    for key, g in rec["by_group"].items():
+        if key not in groups:
+            groups[key] = tuple(int(r) for r in key.split(","))
+        group = groups[key]
+        if "broadcast" in by_coll:  # ddp+zero1: DDP's all-reduce, then the broadcasts
+            ar = by_coll["all_reduce"]["payload"]
+            colls += [Collective("all_reduce", group, ar, _buckets(ar, cap, first=True),
+                                 "backward"),
+                      Collective("broadcast", group, g["payload"] - ar, 1, "after")]
+        elif "reduce_scatter+all_gather" in by_coll:  # ZeRO in holder groups
+            n = _buckets(g["payload"], cap)
+            colls += [Collective("reduce_scatter", group, g["payload"], n, "backward"),
+                      Collective("all_gather", group, g["payload"], n, "after")]
+        else:
+            first = not spec.is_sdp  # torch DDP's small first bucket
+            colls.append(Collective("all_reduce", group, g["payload"],
+                                    _buckets(g["payload"], cap, first=first), "backward"))
+    return colls
 
 
 def _buckets(payload: float, cap: float, *, first: bool = False) -> int:
@@ -152,17 +167,18 @@ def _buckets(payload: float, cap: float, *, first: bool = False) -> int:
     return max(1, math.ceil(payload / cap))
 
 
-def _fsdp_modules(spec: BenchSpec) -> dict[tuple[int, ...], int]:
+def _fsdp_modules(spec: BenchSpec, plan: Plan | None) -> dict[tuple[int, ...], int]:
     """FSDP modules per group (each one collective call per gather or reduce-scatter): the
     world's root (shared parameters) plus, per holder group, its blocks (the FSDP baselines:
     every block over the world)."""
-    recipe, meta = meta_model(spec, check_seq=False)
-    plan = make_bench_plan(spec, meta, recipe)
+    if plan is None or not spec.is_sdp:
+        recipe, meta = meta_model(spec, check_seq=False)
+        plan = make_bench_plan(spec, meta, recipe)
     world = tuple(range(spec.world))
     out: dict[tuple[int, ...], int] = defaultdict(int)
     out[world] = 1
     for u in range(plan.num_units):
-        holders = world if not spec.is_sdp else tuple(sorted(plan.holders(u)))
+        holders = world if not spec.is_sdp else plan.holders(u)
         out[holders] += 1
     return dict(out)
 
@@ -192,8 +208,8 @@ class RankFlops:
 
 
 def rank_flops(spec: BenchSpec, costs: ModelCosts, plan: Plan | None) -> list[RankFlops]:
-    """Per rank, the FLOPs of one step (module docstring). ``plan`` None: a baseline (every
-    rank runs everything)."""
+    """Per rank, the FLOPs of one step (module docstring; one shared object per plan row).
+    ``plan`` None: a baseline (every rank runs everything)."""
     tokens = spec.batch * (costs.seq or 1)
     s = spec.strategy_value
     units = costs.units
@@ -204,8 +220,7 @@ def rank_flops(spec: BenchSpec, costs: ModelCosts, plan: Plan | None) -> list[Ra
         # weights over positions: half the backward, as for a linear layer
         return min(u.bwd_flops / 2, 2 * u.params * tokens) if costs.seq else u.bwd_flops / 2
 
-    out = []
-    for r in range(spec.world):
+    def of_rank(r: int) -> RankFlops:
         if plan is None or not s.is_sdp:
             held = [1.0] * len(units)
         elif s.neuron_level:  # held fraction of every split layer
@@ -224,9 +239,12 @@ def rank_flops(spec: BenchSpec, costs: ModelCosts, plan: Plan | None) -> list[Ra
             again = f if spec.uses_ac else 0.0  # the recompute
             fwd, bwd, rec = fwd + f, bwd + b, rec + again
             unit_bwd.append(b + again)
-        out.append(RankFlops(fwd + costs.shared.fwd_flops, bwd + costs.shared.bwd_flops, rec,
-                             tuple(unit_bwd), costs.shared.bwd_flops))
-    return out
+        return RankFlops(fwd + costs.shared.fwd_flops, bwd + costs.shared.bwd_flops, rec,
+                         tuple(unit_bwd), costs.shared.bwd_flops)
+
+    if plan is None or not s.is_sdp:
+        return [of_rank(0)] * spec.world
+    return by_row(plan, of_rank)
 
 
 def pipelined(comm: float, compute: float, n: int) -> float:
@@ -271,7 +289,7 @@ def reduce_buckets(spec: BenchSpec, costs: ModelCosts, plan: Plan | None, flops:
         if plan is None or not spec.is_sdp or spec.strategy_value.neuron_level:
             mine = list(range(len(units)))  # every unit has a piece in the group
         else:
-            mine = [u for u in range(len(units)) if tuple(sorted(plan.holders(u))) == c.group]
+            mine = [u for u in range(len(units)) if plan.holders(u) == c.group]
         pieces = [(float(units[u].params), ready[u]) for u in reversed(mine)]
         if c.group == world:
             pieces.append((float(costs.shared.params), 1.0))
@@ -348,35 +366,76 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
     wire = WIRE.get(backend, {})
     if spec.uses_fsdp and spec.ring_reduce_scatter and backend == "gloo":
         wire = {**wire, "reduce_scatter": RING_REDUCE_SCATTER_WIRE}
+    comm: dict[str, float] = {}
+    exposed: dict[str, float] = {}
+    _fsdp_phases(spec, cluster, colls, wire, backend, (fwd_s, bwd_s), overlap, comm, exposed)
+    # bucketed reductions during backward (DDP, SDP's reducer, ZeRO's reduce-scatters): one
+    # idle gap (forward) before the first
+    reducer = _part(colls, lambda c: not c.fsdp and c.phase == "backward")
+    if any(reducer):
+        t = comm["backward reduce"] = _phase_time(cluster, reducer, wire, gaps=1, gap_s=fwd_s)
+        cases = {(id(f), id(cs)): (f, cs) for f, cs in zip(flops, colls, strict=True)}
+        exposed["backward reduce"] = t if not overlap else max(
+            bucket_exposed(t, bwd_s, reduce_buckets(spec, costs, plan, f, cs, wire))
+            for f, cs in cases.values())
+    # after the optimizer step (ZeRO's gathers, ddp+zero1's broadcasts): exposed
+    for name, kinds in (("gather", ("all_gather",)), ("reduce", ("broadcast", "all_reduce",
+                                                                  "reduce_scatter"))):
+        after = _part(colls, lambda c, kinds=kinds: c.phase == "after" and c.kind in kinds)
+        if any(after):
+            comm[f"after {name}"] = exposed[f"after {name}"] = _phase_time(cluster, after, wire)
+    tokens = spec.world * spec.batch * (costs.seq or 1)
+    rows = {id(cs): cs for cs in colls}.values()  # one list per plan row
+    ring = {id(cs): sum(c.ring_bytes for c in cs) for cs in rows}
+    sent = {id(cs): sum(c.ring_bytes * wire.get(c.kind, 1.0) for c in cs) for cs in rows}
+    return StepTime(
+        compute_s=fwd_s + bwd_s, comm_s=comm, exposed_s=exposed,
+        ring_bytes=[ring[id(cs)] for cs in colls], wire_bytes=[sent[id(cs)] for cs in colls],
+        flops=flops, tokens=tokens)
+
+
+def _part(colls: list[list[Collective]], pred: Any) -> list[list[Collective]]:
+    """Per rank, its collectives that satisfy ``pred``; ranks of one plan row share a list."""
+    lists: dict[int, list[Collective]] = {}
+    for cs in colls:
+        if id(cs) not in lists:
+            lists[id(cs)] = [c for c in cs if pred(c)]
+    return [lists[id(cs)] for cs in colls]
+
+
+def _calls(per_rank: list[list[Collective]]) -> int:
+    """The most calls any rank launches."""
+    return max((sum(c.calls for c in cs) for cs in {id(cs): cs for cs in per_rank}.values()),
+               default=0)
+
+
+def _fsdp_phases(spec: BenchSpec, cluster: Cluster, colls: list[list[Collective]],
+                 wire: dict[str, float], backend: str, compute: tuple[float, float],
+                 overlap: bool, comm: dict[str, float], exposed: dict[str, float]) -> None:
+    """FSDP's gathers and reduce-scatters into ``comm`` and ``exposed`` (``predict_step``'s
+    per phase); ``compute``: the forward and backward seconds."""
+    fwd_s, bwd_s = compute
     # on gloo FSDP2's calls block the training thread, except the all-gathers that
     # runtime.ring's GlooComms issues asynchronously (BenchSpec.async_unshard)
     scatters_block = backend in FSDP_BLOCKING
     gathers_block = scatters_block and not spec.async_unshard
-    comm: dict[str, float] = {}
-    exposed: dict[str, float] = {}
-
-    def part(pred: Any) -> list[list[Collective]]:
-        return [[c for c in cs if pred(c)] for cs in colls]
-
-    def calls_of(per_rank: list[list[Collective]]) -> int:
-        return max((sum(c.calls for c in cs) for cs in per_rank), default=0)
-
     # FSDP: forward gathers; backward gathers and reduce-scatters (one call per module each)
-    fsdp_fwd = part(lambda c: c.fsdp and c.phase == "forward")
-    gathers = part(lambda c: c.fsdp and c.phase == "backward" and c.kind == "all_gather")
-    scatters = part(lambda c: c.fsdp and c.phase == "backward" and c.kind != "all_gather")
+    fsdp_fwd = _part(colls, lambda c: c.fsdp and c.phase == "forward")
+    gathers = _part(colls, lambda c: c.fsdp and c.phase == "backward" and c.kind == "all_gather")
+    scatters = _part(colls, lambda c: c.fsdp and c.phase == "backward" and c.kind != "all_gather")
     if gathers_block:  # each module's calls follow the previous module's compute, all exposed
-        fsdp_bwd = [g + s for g, s in zip(gathers, scatters, strict=True)]
+        joined = {id(g): g + s for g, s in zip(gathers, scatters, strict=True)}
+        fsdp_bwd = [joined[id(g)] for g in gathers]
         for key, per_rank, n, window in (
-                ("forward gather", fsdp_fwd, calls_of(fsdp_fwd), fwd_s),
-                ("backward", fsdp_bwd, max(calls_of(gathers), calls_of(scatters)), bwd_s)):
+                ("forward gather", fsdp_fwd, _calls(fsdp_fwd), fwd_s),
+                ("backward", fsdp_bwd, max(_calls(gathers), _calls(scatters)), bwd_s)):
             if any(per_rank):
                 comm[key] = exposed[key] = _phase_time(cluster, per_rank, wire, gaps=n,
                                                        gap_s=window / n)
     else:  # gathers pipeline with compute: NCCL's streams, or gloo's async gathers
         if any(fsdp_fwd):
             c = comm["forward gather"] = _phase_time(cluster, fsdp_fwd, wire)
-            exposed["forward gather"] = (pipelined(c, fwd_s, calls_of(fsdp_fwd))
+            exposed["forward gather"] = (pipelined(c, fwd_s, _calls(fsdp_fwd))
                                          if overlap and spec.fsdp_prefetch else c)
         g = _phase_time(cluster, gathers, wire) if any(gathers) else 0.0
         r = _phase_time(cluster, scatters, wire) if any(scatters) else 0.0
@@ -385,33 +444,13 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
         if any(scatters):
             comm["backward scatter"] = r
         if g or r:
-            n = max(calls_of(gathers), calls_of(scatters))
+            n = max(_calls(gathers), _calls(scatters))
             if scatters_block:  # the gathers pipeline, each reduce-scatter waits
                 exposed["backward"] = r + (pipelined(g, bwd_s, n)
                                            if overlap and spec.fsdp_prefetch else g)
             else:
                 exposed["backward"] = (g + r if not overlap else pipelined(g + r, bwd_s, n)
                                        if spec.fsdp_prefetch else g + pipelined(r, bwd_s, n))
-    # bucketed reductions during backward (DDP, SDP's reducer, ZeRO's reduce-scatters): one
-    # idle gap (forward) before the first
-    reducer = part(lambda c: not c.fsdp and c.phase == "backward")
-    if any(reducer):
-        t = comm["backward reduce"] = _phase_time(cluster, reducer, wire, gaps=1, gap_s=fwd_s)
-        exposed["backward reduce"] = t if not overlap else max(
-            bucket_exposed(t, bwd_s, reduce_buckets(spec, costs, plan, f, cs, wire))
-            for f, cs in zip(flops, colls, strict=True))
-    # after the optimizer step (ZeRO's gathers, ddp+zero1's broadcasts): exposed
-    for name, kinds in (("gather", ("all_gather",)), ("reduce", ("broadcast", "all_reduce",
-                                                                  "reduce_scatter"))):
-        after = part(lambda c, kinds=kinds: c.phase == "after" and c.kind in kinds)
-        if any(after):
-            comm[f"after {name}"] = exposed[f"after {name}"] = _phase_time(cluster, after, wire)
-    tokens = spec.world * spec.batch * (costs.seq or 1)
-    return StepTime(
-        compute_s=fwd_s + bwd_s, comm_s=comm, exposed_s=exposed,
-        ring_bytes=[sum(c.ring_bytes for c in cs) for cs in colls],
-        wire_bytes=[sum(c.ring_bytes * wire.get(c.kind, 1.0) for c in cs) for cs in colls],
-        flops=flops, tokens=tokens)
 
 
 def _phase_time(cluster: Cluster, per_rank: list[list[Collective]], wire: dict[str, float],
@@ -421,34 +460,52 @@ def _phase_time(cluster: Cluster, per_rank: list[list[Collective]], wire: dict[s
     ``gap_s`` each precede calls: after each, a shaped link (``Link.burst``) passes up to its
     refilled bucket at once."""
     load: dict[tuple[str, int], float] = defaultdict(float)
-    links: dict[tuple[str, int], Link] = {}
-    latency = 0.0
+    rings: dict[int, tuple[dict[int, int], float]] = {}  # per group: successors, α
+    # per list of collectives (one per plan row): (successors, wire bytes) of each, and the
+    # latency of the whole list
+    rows: dict[int, tuple[list[tuple[dict[int, int], float]], float]] = {}
     for rank, colls in enumerate(per_rank):
-        mine = 0.0
-        for c in colls:
-            f = wire.get(c.kind, 1.0)
-            group = list(c.group)
-            succ = group[(group.index(rank) + 1) % len(group)]
-            crosses = len({cluster.node(r) for r in group}) > 1
-            for key, link in _links(cluster, rank, succ):
-                load[key] += c.ring_bytes * f
-                links[key] = link
-            alpha = cluster.inter.latency if crosses and cluster.inter else cluster.intra.latency
-            mine += c.calls * c.steps(f) * alpha
-        latency = max(latency, mine)
+        if id(colls) not in rows:
+            rows[id(colls)] = _row_rings(cluster, colls, wire, rings)
+        a = cluster.node(rank)
+        for succ, nbytes in rows[id(colls)][0]:
+            b = cluster.node(succ[rank])
+            if a != b:  # out of this node's NICs, into the successor's
+                load["out", a] += nbytes
+                load["in", b] += nbytes
+            else:
+                load[("node", a) if cluster.shared_intra else ("rank", rank)] += nbytes
+    nic = cluster.intra if cluster.inter is None else dataclasses.replace(
+        cluster.inter, bandwidth=cluster.inter.bandwidth * cluster.nics)
     busiest = 0.0
     for key, nbytes in load.items():
-        link = links[key]
+        link = cluster.intra if key[0] in ("node", "rank") else nic
         if gaps:
             nbytes -= gaps * min(link.burst, link.bandwidth * gap_s, nbytes / gaps)
         busiest = max(busiest, nbytes / link.bandwidth)
-    return busiest + latency
+    return busiest + max((latency for _, latency in rows.values()), default=0.0)
 
 
-def _links(cluster: Cluster, src: int, dst: int) -> list[tuple[tuple[str, int], Link]]:
-    a, b = cluster.node(src), cluster.node(dst)
-    if a == b:
-        return [(("node", a) if cluster.shared_intra else ("rank", src), cluster.intra)]
-    assert cluster.inter is not None
-    nic = dataclasses.replace(cluster.inter, bandwidth=cluster.inter.bandwidth * cluster.nics)
-    return [(("out", a), nic), (("in", b), nic)]
+def _row_rings(cluster: Cluster, colls: list[Collective], wire: dict[str, float],
+               rings: dict[int, tuple[dict[int, int], float]],
+               ) -> tuple[list[tuple[dict[int, int], float]], float]:
+    """One rank's collectives as (its group's successors, bytes it sends on the wire), and
+    its latency: the steps of every call at its group's α. ``rings``: per group, filled."""
+    out, latency = [], 0.0
+    for c in colls:
+        f = wire.get(c.kind, 1.0)
+        if id(c.group) not in rings:
+            rings[id(c.group)] = _ring(cluster, c.group)
+        succ, alpha = rings[id(c.group)]
+        out.append((succ, c.ring_bytes * f))
+        latency += c.calls * c.steps(f) * alpha
+    return out, latency
+
+
+def _ring(cluster: Cluster, group: tuple[int, ...]) -> tuple[dict[int, int], float]:
+    """A group's ring: each member's successor, and the latency of one step (the NICs' when
+    the group spans nodes)."""
+    succ = dict(zip(group, group[1:] + group[:1], strict=True))
+    # a node holds consecutive ranks: the group stays on one node iff its ends do
+    crosses = cluster.node(min(group)) != cluster.node(max(group))
+    return succ, (cluster.inter.latency if crosses and cluster.inter else cluster.intra.latency)

@@ -12,12 +12,19 @@ No torch import: the counters are read by duck typing, so this stays a side laye
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
 def group_key(ranks: tuple[int, ...] | list[int]) -> str:
     """A JSON-friendly name for a process group: its ranks, e.g. ``"0,1,2"``."""
-    return ",".join(str(r) for r in ranks)
+    return _key(tuple(ranks))
+
+
+@functools.lru_cache(maxsize=256)
+def _key(ranks: tuple[int, ...]) -> str:
+    # the advisor names the same groups of thousands of ranks once per plan row
+    return ",".join(map(str, ranks))
 
 
 def ring_bytes(payload: float, group_size: int) -> float:

@@ -7,7 +7,7 @@ from torch import nn
 from subnetdp.plan import Plan, PlanError
 from subnetdp.strategy import Strategy
 from subnetdp.subnet.adapter import UnitAdapter
-from subnetdp.subnet.neurons import NeuronGroup, plan_groups, unit_size
+from subnetdp.subnet.neurons import NeuronGroup, plan_groups, unit_sizes
 from subnetdp.subnet.units import describe_units
 
 
@@ -20,7 +20,7 @@ def match_plan(
     groups: list[NeuronGroup] | None = None
     if strategy.neuron_level:
         groups = plan_groups(module, adapter, [u.name for u in plan.units])
-        sizes = [unit_size(module, g) for g in groups]
+        sizes = unit_sizes(module, groups)
     else:
         units, _ = describe_units(module, adapter)
         if len(units) != plan.num_units:

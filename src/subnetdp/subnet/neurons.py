@@ -94,16 +94,21 @@ def neuron_groups(pairs: Sequence[NeuronPair], groups: int) -> list[NeuronGroup]
     ]
 
 
-def unit_size(model: nn.Module, group: NeuronGroup) -> int:
-    """Parameter elements in a group (buffers such as BatchNorm statistics are not counted)."""
+def unit_sizes(model: nn.Module, groups: Sequence[NeuronGroup]) -> list[int]:
+    """Parameter elements in each group (buffers such as BatchNorm statistics are not
+    counted); the model's parameters are listed once (a plan for thousands of ranks has
+    tens of thousands of groups)."""
     params = dict(model.named_parameters())
-    size = 0
-    for key, dim in group.pair.tensors:
-        if key in params:
-            shape = params[key].shape
-            a, b = group.span(shape[dim])
-            size += math.prod(shape) // shape[dim] * (b - a)
-    return size
+    sizes = []
+    for group in groups:
+        size = 0
+        for key, dim in group.pair.tensors:
+            if key in params:
+                shape = params[key].shape
+                a, b = group.span(shape[dim])
+                size += math.prod(shape) // shape[dim] * (b - a)
+        sizes.append(size)
+    return sizes
 
 
 def describe_neuron_units(
@@ -113,7 +118,7 @@ def describe_neuron_units(
     shared size (everything not in a group) and each unit's layer (its pair's index)."""
     pairs = select_pairs(model, adapter, kinds)
     found = neuron_groups(pairs, groups)
-    units = [Unit(g.name, unit_size(model, g)) for g in found]
+    units = [Unit(g.name, n) for g, n in zip(found, unit_sizes(model, found), strict=True)]
     layer_of = {p.name: i for i, p in enumerate(pairs)}
     total = sum(p.numel() for p in model.parameters())
     return units, total - sum(u.size for u in units), [layer_of[g.pair.name] for g in found]
