@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from subnetdp.filemode import check_no_links
 from subnetdp.checkpoint.files import (
     FORMAT,
     checkpoints_root,
@@ -62,7 +63,9 @@ def rescue_attempt_dir(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def clear_rescue(run_dir: str | os.PathLike[str]) -> None:
-    """Remove an earlier group's contributions, before a group starts."""
+    """Remove an earlier group's contributions, before a group starts; a link at ``rescue``
+    is refused ([Note: no links inside a run folder]), never followed nor removed."""
+    check_no_links(Path(run_dir), ("rescue",))
     shutil.rmtree(rescue_root(run_dir), ignore_errors=True)
 
 
@@ -73,7 +76,9 @@ def _digest(t: torch.Tensor) -> str:
 def write_contribution(folder: Path, *, rank: int, world: int, step: int,
                        tensors: dict[str, torch.Tensor], owned: list[str],
                        manifest: dict[str, Any]) -> Path:
-    """One survivor's state at ``step``: its tensors, then (last, durably) its record."""
+    """One survivor's state at ``step``: its tensors, then (last, durably) its record; never
+    through a link planted in the rescue folder ([Note: no links inside a run folder])."""
+    check_no_links(folder.parent.parent, (folder.parent.name,))
     folder.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:08d}.rank{rank:05d}"
     write_shard(folder / f"{name}.safetensors", tensors, {"format": FORMAT, "rank": str(rank)})

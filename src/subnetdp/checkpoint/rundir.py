@@ -42,10 +42,11 @@ LOCK = ".subnetdp.lock"
 RUN_FILES = ("checkpoints", "metrics", "summary.json", "config.json", "plan.json")
 # Every name a run writes at its top level, for [Note: no links inside a run folder]: with the
 # worker logs, the run's tokenizer (hf/tokenizer.py), the --memory-gb plan (train/hetero.py),
-# the shared-folder marker (train/shared_folder.py) and TensorBoard's events. (W&B's folder is
-# its own: it links wandb/latest-run itself.)
+# the shared-folder marker (train/shared_folder.py), TensorBoard's events and the survivors'
+# copies of a rescue (checkpoint/rescue.py). (W&B's folder is its own: it links
+# wandb/latest-run itself.)
 RUN_ENTRIES = (LOCK, *RUN_FILES, "logs", "tokenizer.json", "budget_plan.json",
-               ".subnetdp.shared", "tensorboard")
+               ".subnetdp.shared", "tensorboard", "rescue")
 SUPERSEDED = "superseded"  # in checkpoints/: what a resume from an older checkpoint set aside
 
 
