@@ -151,9 +151,9 @@ def test_check_env_refuses_a_fault_that_never_fires(monkeypatch: pytest.MonkeyPa
     check("1:4:commit:kill", rescuable)
     check("1:3:checkpoint:kill", plain)
     check("1:6:checkpoint:kill", plain)  # the final checkpoint
-    with pytest.raises(ValueError, match="names step 7, but this run trains steps 1..6"):
+    with pytest.raises(ValueError, match=r"names step 7, but this run trains steps 1\.\.6"):
         check("1:7:forward:kill", plain)
-    with pytest.raises(ValueError, match="names step 2, but this run trains steps 3..6"):
+    with pytest.raises(ValueError, match=r"names step 2, but this run trains steps 3\.\.6"):
         check("1:2:forward:kill", plain, first=3)  # resumed after step 2
     with pytest.raises(ValueError, match="phase commit, which this run never reaches at step 4 "
                                          r"\(only a rescuable run commits its steps, and this "

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from subnetdp.filemode import check_no_links
 from subnetdp.checkpoint.files import (
     FORMAT,
     checkpoints_root,
@@ -41,6 +40,7 @@ from subnetdp.checkpoint.files import (
     write_manifest,
     write_shard,
 )
+from subnetdp.filemode import check_no_links
 
 __all__ = ["RescueUnavailableError", "clear_rescue", "compose_rescue", "rescue_attempt_dir",
            "rescue_root", "write_contribution"]

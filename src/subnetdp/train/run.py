@@ -40,7 +40,8 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.distributed.process_group import under_launcher
     from subnetdp.filemode import check_no_links, folder_id, write_atomic
     from subnetdp.metrics.progress import LiveBar, draws_bar
-    from subnetdp.train.elastic import check_replan_options, launch_shrinking
+    from subnetdp.train.build import replanner
+    from subnetdp.train.elastic import check_replan_options, launch_shrinking, shrink_holders
     from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
     from subnetdp.train.rescue import unreached_phase
     from subnetdp.train.resume import (
@@ -56,6 +57,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
         check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
     plan = None  # under torchrun every worker makes its own
+    holders: dict[int, int] = {}  # the --min-holders of each world a shrink may reach
     mapped: list[str] = []  # the files the workers memory-map, named if one dies of SIGBUS
     if not under_launcher():
         from subnetdp.train.validate import preflight
@@ -73,6 +75,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         if cfg.resume:
             preflight_resume(cfg)
         check_replan_options(cfg)
+        holders = shrink_holders(cfg, replanner(cfg, task.model_overrides()))
         # a testing hook ([Note: rescue]), ignored unless set: refused if it could never fire
         faults.check_env(cfg.nproc, first=_first_step(cfg), last=cfg.steps,
                          unreached=functools.partial(unreached_phase, cfg))
@@ -105,6 +108,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
                   else contextlib.nullcontext()):
                 results = launch_shrinking(
                     train_worker, cfg, plan=plan, run_id=run_id, start_method=start_method,
+                    holders=holders,
                     log_dir=str(logs), tee_rank0=not live,
                     start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout),
                     hold_fd=lock)
