@@ -135,3 +135,34 @@ def test_coverage_half_goes_on_after_the_rescue(tmp_path: Path,
            "copies of every unit, and at --min-nproc 3 no loss is rescued)" in err, err
     final = read_manifest(step_dir(run / "checkpoints", 6))
     assert final["world"] == 3 and final["config"]["min_holders"] == 1
+
+
+class _LauncherGone(BaseException):
+    """The launching process stops where it would compose the survivors' copies."""
+
+
+@long_faults
+def test_resume_after_the_launcher_died_during_a_rescue(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44 (1c): the survivors saved their copies, the launcher stopped before composing
+    them (here: at that call); ``--resume RUN`` composes them and goes on from the rescued step,
+    not from the older checkpoint."""
+    run = tmp_path / "run"
+    monkeypatch.setenv(faults.ENV, f"{KILL_RANK}:{KILL_STEP}:commit:kill")
+
+    def gone(*_: object) -> None:
+        raise _LauncherGone
+
+    monkeypatch.setattr("subnetdp.train.elastic.rescued_config", gone)
+    with pytest.raises(_LauncherGone):
+        main(["train", *TINY, "--strategy", "b-sdp", "--nproc", "4", "--min-nproc", "3",
+              "--ckpt-every", "3", "--out", str(run)])
+    assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_00000003"]
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    rescued = step_dir(run / "checkpoints", KILL_STEP)
+    assert f"notice: composed {rescued} from the survivors' copies" in err, err
+    assert read_manifest(step_dir(run / "checkpoints", 6))["parent"] == rescued.name
