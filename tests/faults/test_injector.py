@@ -173,7 +173,8 @@ def test_check_env_refuses_a_fault_that_never_fires(monkeypatch: pytest.MonkeyPa
                              "(ranks 0..1)"),
     ("1:9:forward:kill", [], "SUBNETDP_FAULT names step 9, but this run trains steps 1..2, so "
                              "it would never fire; name a step in that range"),
-    ("1:2:commit:kill", ["--ckpt-every", "1", "--min-nproc", "1", "--no-rescue"],
+    ("1:2:commit:kill",
+     ["--ckpt-every", "1", "--min-nproc", "1", "--no-rescue", "--coverage", "1"],
      "SUBNETDP_FAULT names phase commit, which this run never reaches at step 2 (only a "
      "rescuable run commits its steps, and this one is not: --no-rescue), so it would never "
      "fire; name another phase or step"),
