@@ -6,7 +6,9 @@ Local launches (``--min-nproc N``): torch elastic first restarts the whole group
 the restarts are used up, the launcher starts the group again with one worker fewer, down to
 ``N``, resuming the newest checkpoint resharded ([Note: resharded resume]); or, when the
 survivors' copies cover the whole model, from the step in flight, with none replayed
-([Note: rescue] in train/rescue.py). Under
+([Note: rescue] in train/rescue.py). Every world it may reach is planned when the run
+starts ([Note: shrinking plans] in plan/shrink.py), and a shrunk group re-plans with the
+``--min-holders`` that decided. Under
 ``torchrun --nnodes MIN:MAX`` torch elastic itself re-forms the group with the nodes left; the
 restarted workers resume the newest checkpoint and, seeing another world size, reshard.
 
