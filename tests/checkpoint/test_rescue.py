@@ -177,3 +177,53 @@ def test_held_pieces_leave_out_refreshed_copies() -> None:
     assert sorted(shard(tensors, local, plan, rank=1, owned_only=False)) == [
         "s", "w@0:0:2", "w@0:2:4"]
     assert sorted(shard(tensors, local, plan, rank=1, owned_only=True)) == ["w@0:2:4"]
+
+
+# -- a rescue left behind by a launcher stopped during it (issue 44, 1c) -----------------------
+def test_resume_composes_a_rescue_left_behind(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """``--resume RUN`` composes the survivors' copies its launcher never composed when they
+    are newer than the newest checkpoint, says so, and resumes from them."""
+    from subnetdp.train.resume import _resume_checkpoint
+
+    for rank in (1, 2):
+        _contribute(tmp_path, rank, 4)
+    ckpt = _resume_checkpoint(str(tmp_path))  # no checkpoint at all before
+    assert ckpt == step_dir(tmp_path / "checkpoints", 4)
+    assert f"notice: composed {ckpt} from the survivors' copies" in capsys.readouterr().err
+    for rank in (1, 2):  # a later group's rescue, newer than step 4
+        _contribute(tmp_path, rank, 5)
+    assert _resume_checkpoint(str(ckpt)) == ckpt  # the named checkpoint stays the one resumed
+    assert step_dir(tmp_path / "checkpoints", 5).is_dir()  # ... the newer one is composed too
+    assert _resume_checkpoint(str(tmp_path)) == step_dir(tmp_path / "checkpoints", 5)
+    assert capsys.readouterr().err.count("notice: composed") == 1  # step 5 exists: said once
+
+
+def test_resume_names_copies_that_make_no_checkpoint(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from subnetdp.checkpoint.files import CheckpointError
+    from subnetdp.train.resume import _resume_checkpoint
+
+    holders = {**HOLDERS, "b@0:1:2": [0]}  # rank 0, lost, held a piece alone
+    for rank in (1, 2):
+        _contribute(tmp_path, rank, 4, holders)
+    with pytest.raises(CheckpointError) as e:
+        _resume_checkpoint(str(tmp_path))
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path} holds no complete checkpoint, and the survivors' "
+                              f"copies in {tmp_path / 'rescue'} make none (model/b had no "
+                              "surviving holder")
+    assert "--ckpt-every" not in message and "nothing was deleted" in message
+    assert (tmp_path / "rescue" / "attempt_0").is_dir()
+
+
+def test_overwrite_says_it_deletes_a_composable_rescue(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from subnetdp.checkpoint.rundir import check_fresh
+
+    for rank in (1, 2):
+        _contribute(tmp_path, rank, 4)
+    check_fresh(tmp_path, resume=False, overwrite=True)
+    assert (f"notice: --overwrite deletes the survivors' copies in {tmp_path / 'rescue'}, which "
+            f"make a checkpoint of step 4 (`--resume {tmp_path}` would continue from it)"
+            ) in capsys.readouterr().err

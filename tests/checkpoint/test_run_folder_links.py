@@ -31,7 +31,8 @@ from tests.checkpoint.conftest import TINY_RUN
 from tests.faults.harness import clear_message, run_cli
 
 # names a run writes that the tiny run has not (yet) written
-NOT_IN_TINY = [LOCK, "logs/failure.log", "budget_plan.json", ".subnetdp.shared", "tensorboard"]
+NOT_IN_TINY = [LOCK, "logs/failure.log", "budget_plan.json", ".subnetdp.shared", "tensorboard",
+               "rescue"]
 
 
 def _plant(path: Path, sentinels: Path) -> Path:
@@ -92,8 +93,37 @@ def test_a_run_folder_full_of_links_is_refused_in_one_line(
     assert _unchanged(sentinels)
     assert not (copy_run / LOCK).exists()
     code, err = run_cli(["train", "--resume", str(copy_run), "--steps", "6"], capsys)
+    message = clear_message(err)  # a rescue left behind is looked at first (issue 44, 1c)
+    assert code == 2 and message is not None and "rescue is a symbolic link" in message
+    (copy_run / "rescue").unlink()
+    code, err = run_cli(["train", "--resume", str(copy_run), "--steps", "6"], capsys)
     message = clear_message(err)
     assert code == 2 and message is not None and "manifest.json is a symbolic link" in message
+
+
+def test_a_rescue_folder_planted_as_a_link_receives_nothing(tmp_path: Path) -> None:
+    """Issue 44 (1d): ``RUN/rescue`` linked elsewhere, mid-run: a group's start refuses to
+    clear it and a survivor refuses to save its state through it; the target stays empty."""
+    import torch
+
+    from subnetdp.checkpoint.rescue import clear_rescue, rescue_attempt_dir, write_contribution
+
+    run, elsewhere = tmp_path / "R", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    (run / "rescue").symlink_to(elsewhere)
+    with pytest.raises(LinkedFileError, match=f"{run / 'rescue'} is a symbolic link"):
+        clear_rescue(run)
+    with pytest.raises(LinkedFileError, match=f"{run / 'rescue'} is a symbolic link"):
+        write_contribution(rescue_attempt_dir(run), rank=1, world=2, step=3,
+                           tensors={"model/w": torch.ones(2)}, owned=["w"], manifest={})
+    (run / "rescue").unlink()
+    (run / "rescue").mkdir()
+    (run / "rescue" / "attempt_0").symlink_to(elsewhere)  # one level down
+    with pytest.raises(LinkedFileError, match="attempt_0 is a symbolic link"):
+        write_contribution(rescue_attempt_dir(run), rank=1, world=2, step=3,
+                           tensors={"model/w": torch.ones(2)}, owned=["w"], manifest={})
+    assert list(elsewhere.iterdir()) == []
 
 
 # -- each kind of write, planted after the check (mid-run) ------------------------------------

@@ -135,14 +135,59 @@ def test_commit_hook_point_is_inside_the_commit(monkeypatch: pytest.MonkeyPatch)
     assert not commit.ready and commit.applied == 1
 
 
+def test_check_env_refuses_a_fault_that_never_fires(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step outside the run's, or a phase the run never reaches there (issue 44, 1e)."""
+    from subnetdp.train.config import TrainConfig
+    from subnetdp.train.rescue import unreached_phase
+
+    def check(spec: str, cfg: TrainConfig, first: int = 1) -> None:
+        monkeypatch.setenv(faults.ENV, spec)
+        faults.check_env(cfg.nproc, first=first, last=cfg.steps,
+                         unreached=lambda phase, step: unreached_phase(cfg, phase, step))
+
+    plain = TrainConfig(nproc=4, steps=6, ckpt_every=3)
+    rescuable = TrainConfig(nproc=4, steps=6, ckpt_every=3, min_nproc=3, min_holders=2)
+    check("1:6:forward:kill", plain)
+    check("1:4:commit:kill", rescuable)
+    check("1:3:checkpoint:kill", plain)
+    check("1:6:checkpoint:kill", plain)  # the final checkpoint
+    with pytest.raises(ValueError, match=r"names step 7, but this run trains steps 1\.\.6"):
+        check("1:7:forward:kill", plain)
+    with pytest.raises(ValueError, match=r"names step 2, but this run trains steps 3\.\.6"):
+        check("1:2:forward:kill", plain, first=3)  # resumed after step 2
+    with pytest.raises(ValueError, match="phase commit, which this run never reaches at step 4 "
+                                         r"\(only a rescuable run commits its steps, and this "
+                                         r"one is not: the run is not elastic \(no --min-nproc"):
+        check("1:4:commit:kill", plain)
+    with pytest.raises(ValueError, match="--zero 2 shards"):
+        check("1:4:commit:kill", TrainConfig(nproc=4, steps=6, ckpt_every=3, min_nproc=3,
+                                             zero=2))
+    with pytest.raises(ValueError, match="no checkpoint is written at step 4: --ckpt-every 3"):
+        check("1:4:checkpoint:kill", plain)
+    with pytest.raises(ValueError, match="FSDP's own hooks"):
+        check("1:4:reduce:kill", TrainConfig(nproc=4, steps=6, fsdp=True))
+
+
+@pytest.mark.parametrize(("spec", "extra", "message"), [
+    ("5:1:forward:kill", [], "SUBNETDP_FAULT names rank 5, but the run has 2 workers "
+                             "(ranks 0..1)"),
+    ("1:9:forward:kill", [], "SUBNETDP_FAULT names step 9, but this run trains steps 1..2, so "
+                             "it would never fire; name a step in that range"),
+    ("1:2:commit:kill",
+     ["--ckpt-every", "1", "--min-nproc", "1", "--no-rescue", "--coverage", "1"],
+     "SUBNETDP_FAULT names phase commit, which this run never reaches at step 2 (only a "
+     "rescuable run commits its steps, and this one is not: --no-rescue), so it would never "
+     "fire; name another phase or step"),
+])
 def test_a_bad_fault_is_one_line_before_any_worker(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv(faults.ENV, "5:1:forward:kill")
+                                                    capsys: pytest.CaptureFixture[str],
+                                                    spec: str, extra: list[str],
+                                                    message: str) -> None:
+    monkeypatch.setenv(faults.ENV, spec)
     code, err = run_cli(["train", "--recipe", "llama-tiny", "--nproc", "2", "--steps", "2",
-                         "--batch-size", "2", "--seq-len", "32", "--no-progress",
+                         "--batch-size", "2", "--seq-len", "32", "--no-progress", *extra,
                          "--out", str(tmp_path / "run")], capsys)
     assert code == 2
-    assert clear_message(err) == ("subnetdp train: SUBNETDP_FAULT names rank 5, but the run has "
-                                  "2 workers (ranks 0..1)")
+    assert clear_message(err) == f"subnetdp train: {message}"
     assert not (tmp_path / "run").exists()

@@ -116,3 +116,55 @@ def test_fallback_to_the_newest_checkpoint(tmp_path: Path, extra: list[str], rea
     assert any("going on with 3 from" in ln and "step_00000002" in ln for ln in lines)
     final = read_manifest(step_dir(run / "checkpoints", 6))
     assert final["world"] == 3
+
+
+def test_coverage_half_goes_on_after_the_rescue(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44 (1a): at coverage 0.5, 4 workers hold every unit twice and 3 cannot; the 3
+    survivors (--min-nproc 3: a further loss ends the run anyway) re-plan with one holder and
+    go on, where every worker of the shrunk group failed with a PlanError (exit 1)."""
+    run = tmp_path / "run"
+    monkeypatch.setenv(faults.ENV, f"{KILL_RANK}:{KILL_STEP}:commit:kill")
+    capsys.readouterr()
+    assert main(["train", *TINY, "--coverage", "0.5", "--strategy", "b-sdp", "--nproc", "4",
+                 "--min-nproc", "3", "--ckpt-every", "2", "--out", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert f"rank(s) [{KILL_RANK}] of 4 lost; rescued step {KILL_STEP} " in err, err
+    assert "re-planned with --min-holders 1 (3 workers at --coverage 0.5 cannot hold 2 " \
+           "copies of every unit, and at --min-nproc 3 no loss is rescued)" in err, err
+    final = read_manifest(step_dir(run / "checkpoints", 6))
+    assert final["world"] == 3 and final["config"]["min_holders"] == 1
+
+
+class _LauncherGone(BaseException):
+    """The launching process stops where it would compose the survivors' copies."""
+
+
+@long_faults
+def test_resume_after_the_launcher_died_during_a_rescue(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44 (1c): the survivors saved their copies, the launcher stopped before composing
+    them (here: at that call); ``--resume RUN`` composes them and goes on from the rescued step,
+    not from the older checkpoint."""
+    run = tmp_path / "run"
+    monkeypatch.setenv(faults.ENV, f"{KILL_RANK}:{KILL_STEP}:commit:kill")
+
+    def gone(*_: object) -> None:
+        raise _LauncherGone
+
+    monkeypatch.setattr("subnetdp.train.elastic.rescued_config", gone)
+    with pytest.raises(_LauncherGone):
+        main(["train", *TINY, "--strategy", "b-sdp", "--nproc", "4", "--min-nproc", "3",
+              "--ckpt-every", "3", "--out", str(run)])
+    assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_00000003"]
+    monkeypatch.undo()
+    # disarmed, not unset: a fork server's workers keep a variable unset since its start
+    monkeypatch.setenv(faults.ENV, "")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    rescued = step_dir(run / "checkpoints", KILL_STEP)
+    assert f"notice: composed {rescued} from the survivors' copies" in err, err
+    assert read_manifest(step_dir(run / "checkpoints", 6))["parent"] == rescued.name

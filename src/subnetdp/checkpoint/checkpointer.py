@@ -100,8 +100,7 @@ class RunOptions(Protocol):
     ckpt_keep: int
     reshard: bool
 
-    @property
-    def save_final(self) -> bool: ...
+    def saves_at(self, step: int) -> bool: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -131,11 +130,8 @@ class Checkpointer:
         self.parent: str | None = None
 
     def due(self, done: int) -> bool:
-        """Save after ``done`` steps? Every ``ckpt_every`` steps, and at the end of the run
-        (``save_final``)."""
-        every = self.cfg.ckpt_every
-        return (every > 0 and done % every == 0) or (done == self.cfg.steps
-                                                     and self.cfg.save_final)
+        """Save after ``done`` steps? (``TrainConfig.saves_at``)"""
+        return self.cfg.saves_at(done)
 
     def save(self, done: int) -> Path:
         """Write the checkpoint of step ``done`` (steps completed); returns its folder.

@@ -40,9 +40,10 @@ from subnetdp.checkpoint.files import (
     write_manifest,
     write_shard,
 )
+from subnetdp.filemode import check_no_links
 
 __all__ = ["RescueUnavailableError", "clear_rescue", "compose_rescue", "rescue_attempt_dir",
-           "rescue_root", "write_contribution"]
+           "rescue_root", "rescue_step", "write_contribution"]
 
 _RECORD = re.compile(r"^step_(\d{8})\.rank(\d{5})\.json$")
 
@@ -62,7 +63,9 @@ def rescue_attempt_dir(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def clear_rescue(run_dir: str | os.PathLike[str]) -> None:
-    """Remove an earlier group's contributions, before a group starts."""
+    """Remove an earlier group's contributions, before a group starts; a link at ``rescue``
+    is refused ([Note: no links inside a run folder]), never followed nor removed."""
+    check_no_links(Path(run_dir), ("rescue",))
     shutil.rmtree(rescue_root(run_dir), ignore_errors=True)
 
 
@@ -73,7 +76,9 @@ def _digest(t: torch.Tensor) -> str:
 def write_contribution(folder: Path, *, rank: int, world: int, step: int,
                        tensors: dict[str, torch.Tensor], owned: list[str],
                        manifest: dict[str, Any]) -> Path:
-    """One survivor's state at ``step``: its tensors, then (last, durably) its record."""
+    """One survivor's state at ``step``: its tensors, then (last, durably) its record; never
+    through a link planted in the rescue folder ([Note: no links inside a run folder])."""
+    check_no_links(folder.parent.parent, (folder.parent.name,))
     folder.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:08d}.rank{rank:05d}"
     write_shard(folder / f"{name}.safetensors", tensors, {"format": FORMAT, "rank": str(rank)})
@@ -87,6 +92,25 @@ def write_contribution(folder: Path, *, rank: int, world: int, step: int,
 def compose_rescue(run_dir: str | os.PathLike[str]) -> tuple[Path, int, list[int]]:
     """Compose the checkpoint of the newest step every survivor saved; return its folder, its
     step and the survivors' ranks. ``RescueUnavailableError`` says why not."""
+    folder, step, at, sources, lost = _gather(run_dir)
+    manifest = at[min(at)]["manifest"]
+    files = _assign(at, sources, lost, at[min(at)]["world"])
+    ckpt = step_dir(checkpoints_root(run_dir), step)
+    if not ckpt.exists():
+        _write(folder, step, files, sources, at, manifest, ckpt)
+    return ckpt, step, sorted(at)
+
+
+def rescue_step(run_dir: str | os.PathLike[str]) -> int:
+    """The step ``compose_rescue`` would compose, checked as it checks it, writing nothing."""
+    return _gather(run_dir)[1]
+
+
+def _gather(run_dir: str | os.PathLike[str]) -> tuple[
+        Path, int, dict[int, dict[str, Any]], dict[str, tuple[int, str]], list[int]]:
+    """The newest attempt's folder, the newest common step, the survivors' records at it,
+    each tensor's source and the lost ranks; ``RescueUnavailableError`` when they make no
+    checkpoint."""
     attempts = sorted(rescue_root(run_dir).glob("attempt_*"),
                       key=lambda p: int(p.name.split("_")[1]))
     records: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> step -> record
@@ -108,13 +132,8 @@ def compose_rescue(run_dir: str | os.PathLike[str]) -> tuple[Path, int, list[int
     step = max(common)
     at = {r: by_step[step] for r, by_step in sorted(records.items())}
     sources = _sources(at, step)
-    manifest = at[min(at)]["manifest"]
-    _check_coverage(sources, manifest, lost)
-    files = _assign(at, sources, lost, world)
-    ckpt = step_dir(checkpoints_root(run_dir), step)
-    if not ckpt.exists():
-        _write(folder, step, files, sources, at, manifest, ckpt)
-    return ckpt, step, sorted(at)
+    _check_coverage(sources, at[min(at)]["manifest"], lost)
+    return folder, step, at, sources, lost
 
 
 def _sources(at: dict[int, dict[str, Any]], step: int) -> dict[str, tuple[int, str]]:

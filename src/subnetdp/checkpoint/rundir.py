@@ -25,12 +25,14 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from subnetdp.checkpoint.files import CheckpointError, checkpoints_root, list_checkpoints
+from subnetdp.checkpoint.rescue import RescueUnavailableError, rescue_root, rescue_step
 from subnetdp.filemode import FolderId, check_same_folder, open_nofollow
 
 __all__ = ["LOCK", "RUN_ENTRIES", "RUN_FILES", "RunFolderBusyError", "check_fresh",
@@ -42,10 +44,11 @@ LOCK = ".subnetdp.lock"
 RUN_FILES = ("checkpoints", "metrics", "summary.json", "config.json", "plan.json")
 # Every name a run writes at its top level, for [Note: no links inside a run folder]: with the
 # worker logs, the run's tokenizer (hf/tokenizer.py), the --memory-gb plan (train/hetero.py),
-# the shared-folder marker (train/shared_folder.py) and TensorBoard's events. (W&B's folder is
-# its own: it links wandb/latest-run itself.)
+# the shared-folder marker (train/shared_folder.py), TensorBoard's events and the survivors'
+# copies of a rescue (checkpoint/rescue.py). (W&B's folder is its own: it links
+# wandb/latest-run itself.)
 RUN_ENTRIES = (LOCK, *RUN_FILES, "logs", "tokenizer.json", "budget_plan.json",
-               ".subnetdp.shared", "tensorboard")
+               ".subnetdp.shared", "tensorboard", "rescue")
 SUPERSEDED = "superseded"  # in checkpoints/: what a resume from an older checkpoint set aside
 
 
@@ -118,6 +121,8 @@ def check_fresh(out: Path, *, resume: bool, overwrite: bool, folder: FolderId | 
     was taken (``safe_files.folder_id``), checked before anything is deleted."""
     if resume:
         return
+    if overwrite:
+        _say_rescue_goes(out)
     earlier = [name for name in RUN_FILES if os.path.lexists(out / name)]
     if not earlier:
         return
@@ -140,6 +145,20 @@ def check_fresh(out: Path, *, resume: bool, overwrite: bool, folder: FolderId | 
     raise CheckpointError(
         f"{out} already holds an earlier run's files ({', '.join(earlier)}); replace them with "
         "--overwrite or start a new run with another --out (nothing was overwritten)")
+
+
+def _say_rescue_goes(out: Path) -> None:
+    """A new run removes ``rescue/`` as it starts; copies that make a checkpoint (their
+    launcher stopped before composing it) are not removed unsaid."""
+    if not rescue_root(out).is_dir():
+        return
+    try:
+        step = rescue_step(out)
+    except RescueUnavailableError:
+        return
+    print(f"notice: --overwrite deletes the survivors' copies in {rescue_root(out)}, which "
+          f"make a checkpoint of step {step} (`--resume {out}` would continue from it)",
+          file=sys.stderr)
 
 
 def set_aside_newer(ckpt: Path) -> Path | None:

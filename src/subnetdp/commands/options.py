@@ -82,6 +82,12 @@ def add_nproc_argument(p: Container, *, default: int | None, help: str) -> None:
                    help=help + old_name("--world"))
 
 
+def add_min_nproc_argument(p: Container, *, help: str) -> None:
+    """``--min-nproc N``: the fewest workers an elastic run goes on with (train), or reports
+    its re-plans for (plan): [Note: shrinking plans] in plan/shrink.py."""
+    p.add_argument("--min-nproc", type=int, default=None, metavar="N", help=help)
+
+
 def add_recipe_argument(p: Container, *, default: str | None, help: str) -> None:
     p.add_argument("--recipe", default=default, metavar="NAME", help=help)
 

@@ -37,6 +37,7 @@ from subnetdp.commands.options import (
     add_comm_mem_argument,
     add_composition_arguments,
     add_dtype_argument,
+    add_min_nproc_argument,
     add_model_arg_argument,
     add_neuron_arguments,
     add_nproc_argument,
@@ -58,6 +59,7 @@ from subnetdp.plan.report import plan_report
 from subnetdp.plan.schedule import ADJACENT, PREFETCH, ScheduleError, plan_schedules
 from subnetdp.plan.schedule import check as check_schedule
 from subnetdp.plan.schedule import summary as schedule_summary
+from subnetdp.plan.shrink import replan_blocker, shrink_plans
 from subnetdp.strategy import (
     MASTER_BYTES,
     Composition,
@@ -77,6 +79,9 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=HelpFormatter,
     )
     add_nproc_argument(p, default=None, help="number of workers")
+    add_min_nproc_argument(p, help="an elastic run's fewest workers (train --min-nproc): the "
+                                   "report says whether each loss is recoverable and how each "
+                                   "smaller world re-plans (default: --nproc - 1, one loss)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--units", type=int, help="number of units U (each of size 1 by default)")
     add_recipe_argument(src, default=None,
@@ -317,17 +322,52 @@ def format_table(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def _shrink(args: argparse.Namespace, strategy: Strategy, costs: Callable[[], Any],
+            world: int) -> dict[str, Any]:
+    """How an elastic run of this plan shrinks, decided as train's launcher decides it
+    ([Note: shrinking plans] in plan/shrink.py): the --min-holders each smaller world keeps,
+    or the one line that refuses the run at its start."""
+    min_nproc = args.min_nproc if args.min_nproc is not None else max(1, world - 1)
+    out: dict[str, Any] = {"min_nproc": min_nproc, "given": args.min_nproc is not None}
+    blocker = replan_blocker(nproc=world, min_nproc=min_nproc,
+                             plan_file=args.plan_file is not None,
+                             capacities=args.capacities is not None, memory_gb=False)
+    if blocker is not None:
+        return {**out, "refused": blocker}
+
+    def make(w: int, holders: int) -> Plan:
+        again = argparse.Namespace(**{**vars(args), "world": w, "min_holders": holders})
+        return plan_from_args(again, strategy, costs)[0]
+
+    try:
+        steps = shrink_plans(make, nproc=world, min_nproc=min_nproc,
+                             min_holders=args.min_holders)
+    except PlanError as e:
+        return {**out, "refused": str(e)}
+    return {**out, "min_holders": {str(r.world): r.min_holders for r in steps}}
+
+
 def _rescue_line(rep: dict) -> str:
-    """Whether losing one worker costs a rollback to the newest checkpoint ([Note: rescue])."""
-    ok, world = rep["rescuable_ranks"], rep["world"]
+    """Whether losing one worker costs a rollback to the newest checkpoint ([Note: rescue]),
+    and how an elastic run of the plan shrinks (``_shrink``)."""
+    ok, world, shrink = rep["rescuable_ranks"], rep["world"], rep["shrink"]
     line = f"single-holder units {rep['single_holder_units']}   "
+    if "refused" in shrink:
+        if not shrink["given"]:
+            return line + ("a lost worker costs a rollback to the newest checkpoint "
+                           f"(--max-restarts); an elastic run is refused: {shrink['refused']}")
+        return line + f"an elastic run is refused at its start: {shrink['refused']}"
+    kept = "".join(f"; at {w} workers it re-plans with --min-holders {h}"
+                   for w, h in shrink["min_holders"].items() if h < rep["min_holders"])
+    if world > 1 and shrink["min_nproc"] == world:
+        return line + f"a lost worker is not rescued: --min-nproc {world} leaves no smaller world"
     if world > 1 and len(ok) == world:
         return line + ("a lost worker is recoverable without rollback (any one rank; "
-                       "--min-nproc, not with --zero/--fsdp)")
+                       f"--min-nproc {shrink['min_nproc']}, not with --zero/--fsdp){kept}")
     if not ok or world == 1:
         return line + "a lost worker costs a rollback to the newest checkpoint (--min-holders 2)"
     return line + (f"only the loss of rank(s) {_ranges(ok)} is recoverable without rollback "
-                   "(--min-holders 2 for any)")
+                   f"(--min-holders 2 for any){kept}")
 
 
 # the estimates' inputs a run gives train (--model-arg, the composition): plan takes them for
@@ -539,6 +579,8 @@ def run(args: argparse.Namespace) -> int:
                  optimizer_states=args.optimizer_states,
                  masking=strategy.cost_masking, costs=costs,
                  balance=args.balance if plan.scheme == "balanced" else None)
+    rep["shrink"] = _shrink(args, strategy, recipe_costs, plan.world)
+    rep["min_holders"] = args.min_holders
     if args.check_schedule:
         schedules = plan_schedules(plan, fsdp=args.fsdp, neuron_level=strategy.neuron_level,
                                    backward_masked=strategy.backward_masked,

@@ -18,6 +18,7 @@ from subnetdp.commands.options import (
     add_composition_arguments,
     add_device_argument,
     add_dtype_argument,
+    add_min_nproc_argument,
     add_model_arg_argument,
     add_neuron_arguments,
     add_plan_file_argument,
@@ -133,11 +134,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
     k.add_argument("--accept-new-data", action="store_true", default=None,
                    help="with --resume: go on although the corpus changed since the run "
                         "recorded it (tokenised with the run's own tokenizer)")
-    k.add_argument("--min-nproc", type=int, default=None, metavar="N",
-                   help="elastic shrink: after a worker is lost for good (restarts used up), "
-                        "go on with one worker fewer, down to N, from the survivors' copies of "
-                        "the step in flight when every unit has two holders, else from the "
-                        "newest checkpoint (default: never shrink)")
+    add_min_nproc_argument(k, help="elastic shrink: after a worker is lost for good (restarts "
+                                   "used up), go on with one worker fewer, down to N, from the "
+                                   "survivors' copies of the step in flight when every unit has "
+                                   "two holders, else from the newest checkpoint; each smaller "
+                                   "world is planned at the start (default: never shrink)")
     k.add_argument("--no-rescue", dest="rescue", action="store_false", default=None,
                    help="with --min-nproc: always go on from the newest checkpoint, never "
                         "from the survivors' copies of the step in flight (docs/checkpointing.md)")

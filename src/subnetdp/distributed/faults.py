@@ -20,6 +20,7 @@ import dataclasses
 import os
 import signal
 import time
+from collections.abc import Callable
 
 __all__ = ["ENV", "KINDS", "PHASES", "Fault", "InjectedFault", "at_step", "check_env", "parse",
            "point"]
@@ -56,13 +57,26 @@ def parse(spec: str) -> Fault | None:
     return fault
 
 
-def check_env(world: int) -> None:
-    """Refuse a malformed ``SUBNETDP_FAULT`` (or one for a rank the run lacks) before any
-    worker starts."""
+def check_env(world: int, *, first: int = 1, last: int | None = None,
+              unreached: Callable[[str, int], str | None] | None = None) -> None:
+    """Refuse, before any worker starts, a malformed ``SUBNETDP_FAULT`` or one that would never
+    fire: a rank the run lacks, a step outside ``first..last`` (the steps this run trains), or
+    a phase the run never reaches at that step (``unreached(phase, step)``: why, or None)."""
     fault = parse(os.environ.get(ENV, ""))
-    if fault is not None and fault.rank >= world:
+    if fault is None:
+        return
+    if fault.rank >= world:
         raise ValueError(f"{ENV} names rank {fault.rank}, but the run has {world} workers "
                          f"(ranks 0..{world - 1})")
+    if fault.step < first or (last is not None and fault.step > last):
+        span = f"steps {first}..{last}" if last is not None else f"steps from {first}"
+        raise ValueError(f"{ENV} names step {fault.step}, but this run trains {span}, so it "
+                         "would never fire; name a step in that range")
+    why = unreached(fault.phase, fault.step) if unreached is not None else None
+    if why:
+        raise ValueError(f"{ENV} names phase {fault.phase}, which this run never reaches at "
+                         f"step {fault.step} ({why}), so it would never fire; name another "
+                         "phase or step")
 
 
 _step = 0  # the step this worker is running (set by the training loop)

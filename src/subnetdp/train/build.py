@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,18 @@ def run_plan(cfg: TrainConfig, model: nn.Module, recipe: Recipe, world: int) -> 
 
     return build_plan(model, recipe.adapter, cfg.strategy_value, cfg.plan_spec, world=world,
                       costs=costs)
+
+
+def replanner(cfg: TrainConfig, overrides: dict[str, Any]) -> Callable[[int, int], Plan]:
+    """``(world, min_holders) -> run_plan``: the run's plan for another world, as a shrunk
+    group makes it ([Note: shrinking plans] in plan/shrink.py); the model on the meta device."""
+    from subnetdp.models import get_recipe
+
+    recipe = get_recipe(cfg.recipe)
+    with torch.device("meta"):
+        model = recipe.build_model(**overrides)
+    return lambda world, holders: run_plan(dataclasses.replace(cfg, min_holders=holders), model,
+                                           recipe, world)
 
 
 def build_rank(

@@ -214,6 +214,12 @@ class TrainConfig:
         two baselines that have none save nothing by default)."""
         return self.final_ckpt and self.checkpoints_unbuilt is None
 
+    def saves_at(self, step: int) -> bool:
+        """A checkpoint is written after ``step``: every ``ckpt_every`` steps, and at the end
+        of the run (``save_final``)."""
+        every = self.ckpt_every
+        return (every > 0 and step % every == 0) or (step == self.steps and self.save_final)
+
     def validate(self, task: str) -> None:
         def bad(msg: str) -> None:
             raise ValueError(msg)

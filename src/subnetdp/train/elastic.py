@@ -6,7 +6,9 @@ Local launches (``--min-nproc N``): torch elastic first restarts the whole group
 the restarts are used up, the launcher starts the group again with one worker fewer, down to
 ``N``, resuming the newest checkpoint resharded ([Note: resharded resume]); or, when the
 survivors' copies cover the whole model, from the step in flight, with none replayed
-([Note: rescue] in train/rescue.py). Under
+([Note: rescue] in train/rescue.py). Every world it may reach is planned when the run
+starts ([Note: shrinking plans] in plan/shrink.py), and a shrunk group re-plans with the
+``--min-holders`` that decided. Under
 ``torchrun --nnodes MIN:MAX`` torch elastic itself re-forms the group with the nodes left; the
 restarted workers resume the newest checkpoint and, seeing another world size, reshard.
 
@@ -36,11 +38,13 @@ from subnetdp.distributed.launch import WorkerFailedError, launch
 from subnetdp.distributed.process_group import under_launcher
 from subnetdp.metrics.sinks import rank_jsonl_path
 from subnetdp.plan import Plan
+from subnetdp.plan.shrink import replan_blocker, shrink_plans
 from subnetdp.train.config import TrainConfig, config_keys
 from subnetdp.train.rescue import rescue_blocker
 from subnetdp.train.resume import truncate_metrics
 
-__all__ = ["check_replan_options", "launch_shrinking", "rescued_config", "shrunk_config"]
+__all__ = ["check_replan_options", "launch_shrinking", "replanned", "rescued_config",
+           "shrink_holders", "shrunk_config"]
 
 
 def check_replan_options(cfg: TrainConfig) -> None:
@@ -52,23 +56,33 @@ def check_replan_options(cfg: TrainConfig) -> None:
                          "with --resume RUN")
     if cfg.min_nproc is None:
         return
-    if not 1 <= cfg.min_nproc <= cfg.nproc:
-        raise ValueError(f"--min-nproc must be between 1 and --nproc ({cfg.nproc}), got "
-                         f"{cfg.min_nproc}")
+    blocker = replan_blocker(nproc=cfg.nproc, min_nproc=cfg.min_nproc,
+                             plan_file=bool(cfg.plan_file), capacities=cfg.capacities is not None,
+                             memory_gb=cfg.memory_gb is not None)
+    if blocker is not None:
+        raise ValueError(blocker)
     if cfg.ckpt_every < 1:
         raise ValueError("--min-nproc continues from the newest checkpoint; add --ckpt-every N")
-    if cfg.plan_file:
-        raise ValueError("--min-nproc re-plans for fewer workers, which a --plan-file cannot "
-                         "do; use --coverage/--scheme, or drop --min-nproc")
+
+
+def shrink_holders(cfg: TrainConfig, make: Callable[[int, int], Plan]) -> dict[int, int]:
+    """The ``--min-holders`` of each world the run may shrink to ([Note: shrinking plans] in
+    plan/shrink.py; ``make(world, min_holders)``: the run's plan); ``PlanError`` (a
+    ``ValueError``, one line) when one of them cannot be planned. Call after
+    ``check_replan_options``."""
+    if cfg.min_nproc is None:
+        return {}
+    return {r.world: r.min_holders for r in shrink_plans(
+        make, nproc=cfg.nproc, min_nproc=cfg.min_nproc, min_holders=cfg.min_holders)}
 
 
 def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
                      plan: Plan | None = None, start_method: str | None = None,
-                     **launch_kw: Any) -> dict[int, Any]:
+                     holders: dict[int, int] | None = None, **launch_kw: Any) -> dict[int, Any]:
     """``launch(fn, (cfg, plan), **launch_kw)``, shrinking by one worker after each loss for
     good ([Note: elastic shrink]). ``plan``: the run's plan, handed to the first group (a
-    shrunk group re-plans for its world: ``fn`` then gets the config alone). Returns the last
-    attempt's ``{rank: result}``."""
+    shrunk group re-plans for its world: ``fn`` then gets the config alone); ``holders``:
+    ``shrink_holders``' answer. Returns the last attempt's ``{rank: result}``."""
     armed = os.environ.get(faults.ENV)
     try:
         while True:
@@ -83,8 +97,8 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
                 os.environ[faults.ENV] = ""  # an injected fault fires once per run
                 smaller, why = rescued_config(cfg)
                 if smaller is not None:
-                    print(f"subnetdp train: {why}", file=sys.stderr)
-                    cfg, plan = smaller, None
+                    cfg, plan = replanned(smaller, holders or {})
+                    print(f"subnetdp train: {why}{_fewer(cfg, smaller)}", file=sys.stderr)
                     continue
                 smaller = shrunk_config(cfg, e.failures)
                 if smaller is None:
@@ -92,15 +106,33 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
                 if why:
                     print(f"subnetdp train: no rescue: {why}; falling back to the newest "
                           "checkpoint", file=sys.stderr)
+                went, plan = replanned(smaller, holders or {})
                 print(f"subnetdp train: {_lost(e.failures)} of {cfg.nproc} workers lost for "
                       f"good; going on with {smaller.nproc} from {smaller.resume} (resharded; "
-                      "the steps after it are replayed)", file=sys.stderr)
-                cfg, plan = smaller, None
+                      f"the steps after it are replayed){_fewer(went, smaller)}",
+                      file=sys.stderr)
+                cfg = went
     finally:
         if armed is None:
             os.environ.pop(faults.ENV, None)
         else:
             os.environ[faults.ENV] = armed
+
+
+def replanned(smaller: TrainConfig, holders: dict[int, int]) -> tuple[TrainConfig, None]:
+    """The shrunk group's configuration with the ``--min-holders`` its world keeps
+    ([Note: shrinking plans]), and no plan: the group re-plans for its world."""
+    kept = holders.get(smaller.nproc, smaller.min_holders)
+    return dataclasses.replace(smaller, min_holders=kept), None
+
+
+def _fewer(went: TrainConfig, asked: TrainConfig) -> str:
+    """What a shrunk world's plan gives up, said once in the shrink's line."""
+    if went.min_holders == asked.min_holders:
+        return ""
+    return (f"; re-planned with --min-holders {went.min_holders} ({went.nproc} workers at "
+            f"--coverage {went.coverage:g} cannot hold {asked.min_holders} copies of every unit, "
+            f"and at --min-nproc {went.nproc} no loss is rescued)")
 
 
 def rescued_config(cfg: TrainConfig) -> tuple[TrainConfig | None, str]:

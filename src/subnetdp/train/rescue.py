@@ -56,7 +56,7 @@ from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError
 from subnetdp.checkpoint.rescue import rescue_attempt_dir
 from subnetdp.distributed import faults
 
-__all__ = ["StepCommit", "rescue_blocker", "rescue_enabled", "save_rescue"]
+__all__ = ["StepCommit", "rescue_blocker", "rescue_enabled", "save_rescue", "unreached_phase"]
 
 
 def rescue_blocker(cfg: Any) -> str | None:
@@ -71,6 +71,19 @@ def rescue_blocker(cfg: Any) -> str | None:
     if cfg.fsdp:
         return "--fsdp shards each holder group's parameters, so a lost rank's shard exists " \
                "nowhere else"
+    return None
+
+
+def unreached_phase(cfg: Any, phase: str, step: int) -> str | None:
+    """Why a run with this configuration never reaches fault ``phase`` at ``step`` (None: it
+    does), so that a ``SUBNETDP_FAULT`` that could never fire is refused before the start."""
+    if phase == "commit" and (blocker := rescue_blocker(cfg)) is not None:
+        return f"only a rescuable run commits its steps, and this one is not: {blocker}"
+    if phase == "reduce" and cfg.fsdp:
+        return "--fsdp reduces in FSDP's own hooks, not the holder groups' reducer"
+    if phase == "checkpoint" and not cfg.saves_at(step):
+        return (f"no checkpoint is written at step {step}: --ckpt-every {cfg.ckpt_every}, "
+                f"--steps {cfg.steps}" + ("" if cfg.save_final else ", no final checkpoint"))
     return None
 
 

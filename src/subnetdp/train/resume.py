@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,14 @@ from subnetdp.checkpoint.files import (
     resolve_checkpoint,
     verify_files,
 )
-from subnetdp.filemode import write_atomic
+from subnetdp.checkpoint.rescue import (
+    RescueUnavailableError,
+    compose_rescue,
+    rescue_root,
+    rescue_step,
+)
+from subnetdp.checkpoint.rundir import hold_run_folder
+from subnetdp.filemode import check_no_links, write_atomic
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.config import TrainConfig, config_keys
 from subnetdp.train.data_identity import Recorded, recorded_in
@@ -117,7 +125,7 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str],
     explicitly that a resume may change. Any other explicit option that differs is refused.
     ``from_file``: the options a config file (``where``) set and the command line did not;
     they are held to the same list, and those that differ are refused together."""
-    ckpt = resolve_checkpoint(resume)
+    ckpt = _resume_checkpoint(resume)
     manifest = read_manifest(ckpt, config_keys=config_keys())
     saved = dict(manifest["config"])
     run_dir = ckpt.parent.parent
@@ -157,6 +165,40 @@ def resume_config(resume: str, given: dict[str, Any], explicit: set[str],
     saved["reshard"], saved["overwrite"] = reshard, False
     saved["accept_new_data"] = bool(given.get("accept_new_data"))  # for this resume only
     return TrainConfig.from_dict(saved)
+
+
+# [Note: a rescue left behind]
+# A launcher stopped (killed) while its survivors saved their copies, or before it composed
+# them ([Note: rescue] in train/rescue.py), leaves them under ``RUN/rescue/``. ``--resume``
+# composes them, under the run's lock and with the launcher's own composition, when they make
+# a checkpoint newer than the run's newest, and says so; copies that make none are named with
+# why, and are removed when the resumed run starts (as every group's start removes them).
+def _resume_checkpoint(resume: str) -> Path:
+    """``resolve_checkpoint(resume)``, after composing a rescue left behind in its run."""
+    p = Path(resume)  # a run folder, its checkpoints/ or one of them
+    run = p.parent.parent if p.name.startswith("step_") else \
+        p.parent if p.name == "checkpoints" else p
+    if not os.path.lexists(rescue_root(run)):
+        return resolve_checkpoint(resume)
+    check_no_links(run, ("rescue", "checkpoints"))  # [Note: no links inside a run folder]
+    newest = newest_checkpoint(checkpoints_root(run))
+    where = rescue_root(run)
+    try:
+        step = rescue_step(run)
+    except RescueUnavailableError as e:
+        if newest is None:
+            raise CheckpointError(
+                f"{run} holds no complete checkpoint, and the survivors' copies in {where} "
+                f"make none ({e}); train again (nothing was deleted)") from None
+        print(f"notice: the survivors' copies in {where} make no checkpoint ({e}); resuming "
+              f"uses {newest}, and removes them when it starts", file=sys.stderr)
+        return resolve_checkpoint(resume)
+    if newest is None or step > int(read_manifest(newest)["step"]):
+        with hold_run_folder(run):  # a live run (the stopped launcher's workers) is refused
+            ckpt = compose_rescue(run)[0]
+        print(f"notice: composed {ckpt} from the survivors' copies in {where} (their launcher "
+              "stopped before it did)", file=sys.stderr)
+    return resolve_checkpoint(resume)
 
 
 def _apply_file(saved: dict[str, Any], given: dict[str, Any], names: set[str], reshard: bool,

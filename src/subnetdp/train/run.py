@@ -4,6 +4,7 @@ processes, or this process under torchrun), and the run's summary."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -39,8 +40,10 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.distributed.process_group import under_launcher
     from subnetdp.filemode import check_no_links, folder_id, write_atomic
     from subnetdp.metrics.progress import LiveBar, draws_bar
-    from subnetdp.train.elastic import check_replan_options, launch_shrinking
+    from subnetdp.train.build import replanner
+    from subnetdp.train.elastic import check_replan_options, launch_shrinking, shrink_holders
     from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
+    from subnetdp.train.rescue import unreached_phase
     from subnetdp.train.resume import (
         NonFiniteLossError,
         preflight_resume,
@@ -54,6 +57,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
         check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
     plan = None  # under torchrun every worker makes its own
+    holders: dict[int, int] = {}  # the --min-holders of each world a shrink may reach
     mapped: list[str] = []  # the files the workers memory-map, named if one dies of SIGBUS
     if not under_launcher():
         from subnetdp.train.validate import preflight
@@ -71,7 +75,10 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         if cfg.resume:
             preflight_resume(cfg)
         check_replan_options(cfg)
-        faults.check_env(cfg.nproc)  # a testing hook ([Note: rescue]); ignored unless set
+        holders = shrink_holders(cfg, replanner(cfg, task.model_overrides()))
+        # a testing hook ([Note: rescue]), ignored unless set: refused if it could never fire
+        faults.check_env(cfg.nproc, first=_first_step(cfg), last=cfg.steps,
+                         unreached=functools.partial(unreached_phase, cfg))
     # One writer per run folder, held across restarts and shrinks (checkpoint/rundir.py); under
     # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
     owner = not under_launcher() or os.environ.get("RANK") == "0"
@@ -101,6 +108,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
                   else contextlib.nullcontext()):
                 results = launch_shrinking(
                     train_worker, cfg, plan=plan, run_id=run_id, start_method=start_method,
+                    holders=holders,
                     log_dir=str(logs), tee_rank0=not live,
                     start_timeout=max(START_TIMEOUT_MIN_S, cfg.collective_timeout),
                     hold_fd=lock)
@@ -117,6 +125,15 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         raise NonFiniteLossError(stopped[0])
     summary_path = Path(cfg.out) / "summary.json"
     return json.loads(summary_path.read_text()) if summary_path.exists() else {}
+
+
+def _first_step(cfg: TrainConfig) -> int:
+    """The first step this run trains (after its resumed checkpoint's)."""
+    if not cfg.resume:
+        return 1
+    from subnetdp.checkpoint.files import read_manifest, resolve_checkpoint
+
+    return int(read_manifest(resolve_checkpoint(cfg.resume))["step"]) + 1
 
 
 def _inputs(cfg: TrainConfig) -> list[tuple[str, str | None]]:
