@@ -58,6 +58,7 @@ def _collectives_worker() -> dict[str, Any]:
 
     from subnetdp.bench.netem import probe_link
     from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
+    from subnetdp import torch_compat
     from subnetdp.runtime.ring import ring_reduce_scatter
 
     _, n = init_distributed("gloo")
@@ -71,10 +72,10 @@ def _collectives_worker() -> dict[str, Any]:
             full, shard = torch.ones(numel), torch.ones(numel // n)
             calls: dict[str, Any] = {
                 "all_reduce": lambda full=full: dist.all_reduce(full),
-                "all_gather": lambda full=full, shard=shard: dist.all_gather_single(
+                "all_gather": lambda full=full, shard=shard: torch_compat.all_gather_single(
                     full, shard),
                 "reduce_scatter (gloo)": lambda full=full, shard=shard:
-                    dist.reduce_scatter_single(output=shard, input=full),
+                    torch_compat.reduce_scatter_single(output=shard, input=full),
                 "reduce_scatter (ring)": lambda full=full, shard=shard:
                     ring_reduce_scatter(shard, full, group),
             }

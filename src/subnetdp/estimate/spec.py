@@ -259,13 +259,11 @@ def build_rank(
 def optimizer_for(rank: RankModel, recipe: Recipe, *,
                   device: torch.device | str = "cpu") -> torch.optim.Optimizer:
     """The recipe's optimizer over this rank's parameters (sharded under zero: runtime.zero;
-    ddp+zero1: ZeroRedundancyOptimizer). On CUDA, what training builds: fused where the
-    parameters allow (``runtime.optim.fast_path``), which keeps no per-tensor temporaries;
+    ddp+zero1: ZeroRedundancyOptimizer). On CUDA, what training builds: fused
+    (``runtime.optim.fast_path``), which keeps no per-tensor temporaries;
     elsewhere the per-tensor loop (``foreach=False``), whose temporaries (one parameter's
     size) the estimator models the same way on every device."""
-    params = list(rank.parameters())
-    impl: dict[str, Any] = (fast_path(params, device_type=torch.device(device).type)
-                            if params else {}) or {"foreach": False}
+    impl: dict[str, Any] = fast_path(torch.device(device).type) or {"foreach": False}
     if optimizer_states(recipe.name) < 2:  # the image recipes train with SGD
         return rank.optimizer(torch.optim.SGD, lr=1e-4, **impl,
                               momentum=float(recipe.defaults.get("momentum", 0.9)))

@@ -97,8 +97,8 @@ def make_optimizer(
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    # fused on CUDA where the parameters' meshes allow it ([Note: optimizers across meshes])
-    impl = fast_path(groups, device_type=params[0].device.type) if params else {}
+    # fused on CUDA, whatever the meshes ([Note: optimizers across meshes])
+    impl = fast_path(params[0].device.type) if params else {}
     # rank.optimizer: the optimizer class over these groups, on shards under --zero
     opt: torch.optim.Optimizer
     if recipe.defaults.get("optimizer", "adamw") == "sgd":
