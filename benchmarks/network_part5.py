@@ -56,9 +56,9 @@ def _collectives_worker() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from subnetdp import torch_compat
     from subnetdp.bench.netem import probe_link
     from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
-    from subnetdp import torch_compat
     from subnetdp.runtime.ring import ring_reduce_scatter
 
     _, n = init_distributed("gloo")
