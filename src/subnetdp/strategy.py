@@ -40,6 +40,12 @@ class Strategy:
         return self.level == "neuron"
 
     @property
+    def plan_grows_with_world(self) -> bool:
+        """Its plan splits every layer pair into groups per rank (neuron level), so the plan's
+        cells grow with the square of the world, not with the units."""
+        return self.neuron_level
+
+    @property
     def backward_masked(self) -> bool:
         """Full forward on every worker; gradients and optimizer state only for held units."""
         return self.masking == "backward"

@@ -128,7 +128,7 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
 
 def too_large(spec: BenchSpec, meta: Any, recipe: Any) -> bool:
     """Whether ``spec`` is a neuron-level plan over ``NEURON_PLAN_CELLS`` (module docstring)."""
-    if not spec.strategy_value.neuron_level:
+    if not spec.strategy_value.plan_grows_with_world:
         return False
     ps = spec.plan_spec
     kinds = [k for k in ps.neuron_kinds.split(",") if k] if ps.neuron_kinds else None
