@@ -37,13 +37,35 @@ class Strategy:
 
     @property
     def neuron_level(self) -> bool:
+        """Its level is neuron groups; outside this module ask what it means instead
+        (``splits_layers``, ``balanceable``, ``fsdp_keeps_gathered``)."""
         return self.level == "neuron"
 
     @property
-    def plan_grows_with_world(self) -> bool:
-        """Its plan splits every layer pair into groups per rank (neuron level), so the plan's
-        cells grow with the square of the world, not with the units."""
+    def splits_layers(self) -> bool:
+        """Its units are groups of every layer pair's hidden units (``subnet.neurons``), not
+        whole blocks: a rank holds and runs a part of every layer, its layers are physically
+        narrower (FSDP: one sub-layer per group), and the plan's units are the groups."""
         return self.neuron_level
+
+    @property
+    def plan_grows_with_world(self) -> bool:
+        """Its plan splits every layer pair into groups per rank, so the plan's cells grow
+        with the square of the world, not with the units."""
+        return self.splits_layers
+
+    @property
+    def balanceable(self) -> bool:
+        """Its units differ in cost, so a plan can balance them (``--scheme balanced``,
+        per-rank budgets): block units; a layer's groups are equal, and ddp holds all."""
+        return self.is_sdp and not self.splits_layers
+
+    @property
+    def fsdp_keeps_gathered(self) -> bool:
+        """Under FSDP its held parts stay gathered from forward through backward: one
+        all-gather per step, no reshard after forward, no prefetch ([Note: neuron groups] in
+        ``runtime.fsdp``); blocks are gathered again for backward."""
+        return self.splits_layers
 
     @property
     def backward_masked(self) -> bool:

@@ -94,7 +94,7 @@ def recorded(name: str, version: int) -> dict[str, Any]:
     return d
 
 
-def EXPECTED_RUNS() -> dict[str, dict[str, Any]]:  # noqa: N802 (a constant, read lazily)
+def EXPECTED_RUNS() -> dict[str, dict[str, Any]]:
     return json.loads(EXPECTED.read_text())["argv"]
 
 

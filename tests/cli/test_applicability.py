@@ -16,8 +16,9 @@ import pytest
 import subnetdp.distributed.launch
 import subnetdp.train.elastic
 from subnetdp.cli import build_parser
-from subnetdp.train.applies import ALWAYS, APPLIES, NEGATED, check_applicable
+from subnetdp.train.applies import ALWAYS, APPLIES, check_applicable
 from subnetdp.train.config import TrainConfig
+from subnetdp.train.options import flag as option_flag
 from tests.faults.harness import clear_message, run_cli
 
 T = ["train", "--nproc", "2", "--steps", "2", "--no-progress"]
@@ -125,7 +126,7 @@ def test_every_row_has_a_case() -> None:
 @pytest.mark.parametrize("name", sorted(NOT_APPLYING))
 def test_an_option_that_cannot_apply_is_refused(name: str) -> None:
     fields, value = NOT_APPLYING[name]
-    flag = NEGATED.get(name, "--" + name.replace("_", "-"))
+    flag = option_flag(name)
     with pytest.raises(ValueError, match=f"^{flag}.* has no effect on this run: it applies to"):
         check_applicable(TrainConfig(**fields, **{name: value}))
     check_applicable(TrainConfig(**fields))  # the default is inert: accepted

@@ -38,14 +38,15 @@ def test_every_option_has_help_and_shows_its_default(command: str) -> None:
             f"{command} {name}: the help does not show its default {default!r}: {shown!r}"
 
 
-def test_train_options_are_grouped() -> None:
+def test_train_options_are_grouped_by_section() -> None:
+    from subnetdp.train.options import SECTIONS
+
     p = _subparsers()["train"]
     groups = {g.title: [a.dest for a in g._group_actions] for g in p._action_groups}
-    assert {"model and data", "strategy and plan", "composition and precision", "optimisation",
-            "checkpoints and restarts", "run folder and launch",
-            "logging and evaluation"} <= set(groups)
-    assert "steps" in groups["optimisation"] and "lr" in groups["optimisation"]
+    assert set(SECTIONS.values()) <= set(groups)
+    assert "steps" in groups["schedule"] and "lr" in groups["optimizer"]
     assert "out" in groups["run folder and launch"]
+    assert "coverage" in groups["plan (strategy.PlanSpec)"]
     # nothing left in the flat list but -h
     assert groups["options"] == ["help"]
 

@@ -1,148 +1,26 @@
-"""The training run's configuration: one dataclass, resolved against the recipe's defaults."""
+"""The training run's configuration: ``TrainConfig``, its options (declared in
+``train.options``) checked and resolved against the recipe's defaults."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
-from subnetdp.strategy import Composition, PlanSpec, RankSpec, Strategy, composition_of
+from subnetdp.plan.objectives import parse_balance
+from subnetdp.train.applies import applies, check_applicable
+from subnetdp.train.options import TrainOptions, declared
+from subnetdp.train.options import default as option_default
 
 # The longest --collective-timeout: a week, already without practical bound. Far beyond, the
 # waits it sets (timedelta, the OS's timed waits; 6x for slow phases) overflow in the workers.
 MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
 
 
-@dataclass
-class TrainConfig:
-    recipe: str = "llama-tiny"
-    strategy: str = "b-sdp"
-    coverage: float = 0.5
-    scheme: str = "spread"  # spread | random | balanced (plan/balance.py)
-    # balanced: what to balance (plan.objectives: one resource or several joined by "+",
-    # measured at the run's batch); every unit keeps >= min_holders holders (any scheme)
-    balance: str = DEFAULT_BALANCE
-    min_holders: int = 1
-    max_groups: int | None = None  # at most K distinct holder sets (plan.schemes.make_plan)
-    # Heterogeneous workers (train/hetero.py): each rank's share of the units' cost, or each
-    # rank's memory budget in GB (a balanced plan the estimator checks, made before the
-    # workers start); either replaces --coverage, and needs a block-level SDP strategy.
-    capacities: list[float] | None = None
-    memory_gb: list[float] | None = None
-    # --memory-gb: MiB each NCCL communicator takes in the estimates (None: NCCL's
-    # DEFAULT_COMM_MB on CUDA, 0 on CPU, where gloo runs; estimate.communicators.comm_mem_mb,
-    # the same count as `plan --memory-gb`)
-    comm_mem_mb: float | None = None
-    plan_file: str | None = None  # a plan JSON (e.g. from `subnetdp plan --json`) instead
-    # n-sdp: groups per layer pair (None = neurons.default_groups: the world size or a multiple
-    # of it), which pair kinds to split (None = all the model declares, e.g. "ffn,heads"),
-    # rotate the spread window by layer, and output scaling of kept hidden units ("none" or
-    # "keep" = 1/keep-rate while training).
-    neuron_groups: int | None = None
-    neuron_kinds: str | None = None
-    rotate: bool = False
-    output_scaling: str | None = None  # None: "keep" for n-sdp (measured), else "none"
-    # bb-sdp/nb-sdp: refresh non-held units from their owners every this many steps (1 = exact)
-    refresh_every: int = 1
-    seed: int = 0
-    steps: int = 300
-    nproc: int = 1
-    out: str = "runs/default"
-    # None = the recipe's default
-    batch_size: int | None = None
-    seq_len: int | None = None
-    lr: float | None = None
-    warmup: int | None = None
-    weight_decay: float | None = None
-    grad_clip: float | None = None
-    vocab_size: int | None = None
-    data_dir: str | None = None
-    eval_batches: int = 40
-    # Losses are read (a host sync) and checked for NaN/inf (a collective) every log_every
-    # steps, before every checkpoint and at the end ([Note: log steps] in train/trainer.py).
-    log_every: int = 10
-    memory_step: int = 3  # measure memory on this step (from 1; after warm-up); -1 disables
-    device: str = "auto"  # auto | cpu | cuda
-    bucket_cap_mb: float = 25.0
-    progress: bool = True
-    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {"width": 16}
-    # Checkpoints (checkpoint/checkpointer.py): every ckpt_every steps (0 = none but the final
-    # one, final_ckpt below), keeping the newest ckpt_keep; resume = a run folder or one of its
-    # checkpoints; max_restarts = times torch elastic restarts a failed worker group (it then
-    # resumes from the newest checkpoint).
-    ckpt_every: int = 0
-    ckpt_keep: int = 3
-    # final_ckpt = also save the state at the end of the run, with or without ckpt_every (what
-    # export, eval and a longer --resume read); False: --no-final-ckpt
-    final_ckpt: bool = True
-    resume: str | None = None
-    max_restarts: int = 0
-    # Run folder and re-planning: overwrite = replace an earlier run's files in out
-    # (checkpoint/rundir.py); reshard = resume under another world size, coverage or plan
-    # (checkpoint/reshard.py); min_nproc = elastic shrink: a run that loses a worker for good goes
-    # on with one fewer (down to min_nproc) from its newest checkpoint, resharded
-    # (train/elastic.py; None = never shrink).
-    overwrite: bool = False
-    reshard: bool = False
-    min_nproc: int | None = None
-    # rescue = on a lost worker, go on from the survivors' copies of the step in flight instead
-    # of the newest checkpoint when the plan allows it (train/rescue.py, [Note: rescue])
-    rescue: bool = True
-    # Seconds a collective may wait for a peer before the group stops, naming the silent rank
-    # (also bounds worker start-up); evaluation and checkpoint writes get longer
-    # (distributed/timeouts.py).
-    collective_timeout: float = 300.0
-    # DDP baselines (subnet/regularize.py): skip each block with this probability per step
-    # (stochastic depth, no rescaling, like b-sdp) and drop whole neuron slots of every layer
-    # pair with this probability (inverted dropout); training mode only, ddp only.
-    stochastic_depth: float = 0.0
-    neuron_dropout: float = 0.0
-    # Composition (docs/method.md §7, strategy.Composition): FSDP2 inside holder groups (with ddp:
-    # plain FSDP over the world), activation checkpointing per block, and the precision
-    # (strategy.DTYPES: fp32, bf16-mixed = bf16 compute with fp32 master state, bf16 = pure);
-    # reduce_dtype = the dtype FSDP averages gradients in (None: the master dtype).
-    fsdp: bool = False
-    ac: bool = False
-    compile: bool = False  # torch.compile per block (runtime.compile)
-    dtype: str = "fp32"
-    reduce_dtype: str | None = None
-    # ZeRO inside holder groups (runtime/zero.py): 1 shards the optimizer state over each
-    # unit's holders, 2 also the reduced gradients; 0 = off
-    zero: int = 0
-    # Ecosystem (issue 18): rank 0's TensorBoard / W&B sinks (metrics/tracking.py), periodic
-    # validation of the assembled model every eval_every steps (0 = at the end only), the
-    # device's peak for mfu(%) (None: from the CUDA device name), TF32 matmuls on CUDA; text
-    # from any tokenizer.json, Hugging Face `datasets` (a builder such as json/parquet/text, or
-    # a local dataset folder) over data_files, and the documents' text field.
-    tensorboard: bool = False
-    wandb: bool = False
-    wandb_project: str | None = None
-    eval_every: int = 0
-    peak_tflops: float | None = None
-    tf32: bool = True
-    tokenizer: str | None = None
-    dataset: str | None = None
-    data_files: list[str] = dataclasses.field(default_factory=list)
-    text_field: str = "text"
-    # Issue 31: downstream accuracy of the assembled model (lm-eval, evals/), scored on rank 0
-    # with each validation (every eval_every steps and at the end) on the first eval_limit
-    # documents of each task (None: all); LLaMA recipes only
-    eval_tasks: list[str] = dataclasses.field(default_factory=list)
-    eval_limit: int | None = None
-    # Issue 31: start from a Hugging Face LLaMA folder (train/init_from.py: the recipe, model
-    # shape and tokenizer follow it); a restored checkpoint's weights win over it
-    init_from: str | None = None
-    # Issue 27: a resume that goes on although the corpus changed since the run recorded it
-    # (train/data_identity.py); never carried over to the next resume
-    accept_new_data: bool = False
-    # 2: the shared precision words (strategy.DTYPES); recorded configs without it are
-    # version 1, whose dtype "bf16" meant bf16 compute with fp32 master state (now
-    # "bf16-mixed"); a --config JSON file without it must read alike in both (config_file.py)
-    config_version: int = 2
+class TrainConfig(TrainOptions):
+    """A run's options (``train.options``: each declared once) with their checks
+    (``validate``) and the recipe's defaults (``resolved``)."""
 
     def resolved(self) -> TrainConfig:
         """A copy with every None filled from the recipe's defaults, validated."""
@@ -152,12 +30,10 @@ class TrainConfig:
         if cfg.init_from and not cfg.resume:  # a resume replays what the run recorded
             from subnetdp.train.init_from import apply_init_from
 
-            cfg = apply_init_from(cfg, {f.name for f in dataclasses.fields(cfg)
-                                        if getattr(cfg, f.name) != _default(f)})
+            cfg = apply_init_from(cfg, {f.name for f in declared()
+                                        if getattr(cfg, f.name) != option_default(f.name)})
         recipe = get_recipe(cfg.recipe)
         d = recipe.defaults
-        from subnetdp.train.applies import applies
-
         for name in ("batch_size", "seq_len", "lr", "warmup", "weight_decay", "grad_clip",
                      "vocab_size"):
             # a run records only values that act on it (a replay would refuse the others)
@@ -169,56 +45,6 @@ class TrainConfig:
             cfg.grad_clip = 0.0
         cfg.validate(recipe.task)
         return cfg
-
-    # [Note: values decoded once]
-    # The fields above are the run's file form (config.json, TOML, the command line): the
-    # strategy's name and flat options. A run's code reads the values instead, decoded here
-    # once per config (and carried along when a config is pickled to a worker): nothing below
-    # compares strategy names or rebuilds a Composition. A config is not edited after its
-    # values are read (``dataclasses.replace`` makes a new one).
-    @functools.cached_property
-    def rank_spec(self) -> RankSpec:
-        """The run's strategy and composition, checked together."""
-        return RankSpec.of(self.strategy, composition_of(self))
-
-    @functools.cached_property
-    def plan_spec(self) -> PlanSpec:
-        """How the run's plan is made (``subnet.planning.build_plan``)."""
-        return PlanSpec.of(self)
-
-    @property
-    def strategy_value(self) -> Strategy:
-        """The run's ``Strategy`` (``strategy`` is its name, as stored in config.json)."""
-        return self.rank_spec.strategy
-
-    def composition(self) -> Composition:
-        """How the run's rank is built around its strategy (``parallelize`` reads this)."""
-        return self.rank_spec.comp
-
-    def label(self, coverage: float | None = None) -> str:
-        """The run's name in summary.json and reports (``strategy.label``)."""
-        return self.rank_spec.label(coverage)
-
-    @property
-    def checkpoints_unbuilt(self) -> str | None:
-        """The baseline whose checkpoints are not built, when this run is one (else None)."""
-        if self.strategy_value.is_sdp:
-            return None
-        if self.fsdp:
-            return "the plain FSDP2 baseline (ddp with --fsdp)"
-        return "ddp --zero 1 (torch's ZeroRedundancyOptimizer)" if self.zero == 1 else None
-
-    @property
-    def save_final(self) -> bool:
-        """Save the run's state at its end: ``final_ckpt``, where checkpoints are built (the
-        two baselines that have none save nothing by default)."""
-        return self.final_ckpt and self.checkpoints_unbuilt is None
-
-    def saves_at(self, step: int) -> bool:
-        """A checkpoint is written after ``step``: every ``ckpt_every`` steps, and at the end
-        of the run (``save_final``)."""
-        every = self.ckpt_every
-        return (every > 0 and step % every == 0) or (step == self.steps and self.save_final)
 
     def validate(self, task: str) -> None:
         def bad(msg: str) -> None:
@@ -238,7 +64,7 @@ class TrainConfig:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
         if self.max_groups is not None and (
                 self.max_groups < 1 or self.plan_spec.balanced or self.memory_gb is not None
-                or strategy.neuron_level):
+                or strategy.splits_layers):
             bad(f"--max-groups K (K >= 1, got {self.max_groups}) tiles a spread or random "
                 "block plan: drop it with --scheme balanced, --capacities, --memory-gb or "
                 "n-sdp/nb-sdp")
@@ -318,8 +144,6 @@ class TrainConfig:
 
     def _validate_eval_tasks(self, bad: Any) -> None:
         from subnetdp.evals.tasks import LmEvalMissingError, check_available, check_tasks
-        from subnetdp.train.applies import check_applicable
-
         check_applicable(self, only=("eval_tasks", "eval_limit"))  # the Python API's too
         check_tasks(self.eval_tasks)
         if self.eval_limit is not None and self.eval_limit < 1:
@@ -387,14 +211,10 @@ def upgrade_config(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _default(f: dataclasses.Field[Any]) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
 def config_keys() -> frozenset[str]:
     """The fields of ``TrainConfig``: all that a checkpoint's recorded config may hold
     (``checkpoint.files.read_manifest``)."""
-    return frozenset(f.name for f in dataclasses.fields(TrainConfig))
+    return frozenset(f.name for f in declared())
 
 
 def _check_hetero(cfg: TrainConfig) -> None:
@@ -408,7 +228,7 @@ def _check_hetero(cfg: TrainConfig) -> None:
     if cfg.plan_file is not None:
         raise ValueError(f"{name} makes the plan; drop --plan-file (or {name})")
     strategy = cfg.strategy_value
-    if not strategy.is_sdp or strategy.neuron_level:
+    if not strategy.balanceable:
         raise ValueError(f"{name} needs block units (--strategy b-sdp or bb-sdp), not "
                          f"{strategy.name}")
     if not values or not all(math.isfinite(v) and v > 0 for v in values):

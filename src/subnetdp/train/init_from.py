@@ -13,19 +13,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from subnetdp.hf.init_from import OPTION, HFFolder, InitPieces, read_hf_folder, weights_record
+from subnetdp.train.options import TrainOptions
 
-# A TrainConfig, untyped: train/config.py calls this module, which would otherwise be a cycle.
-TrainConfig = Any
+Options = TypeVar("Options", bound=TrainOptions)  # a TrainConfig in, a TrainConfig out
 
 __all__ = ["apply_init_from", "init_weights"]
 
 
-def apply_init_from(cfg: TrainConfig, explicit: Collection[str]) -> TrainConfig:
+def apply_init_from(cfg: Options, explicit: Collection[str]) -> Options:
     """``cfg`` with the folder's recipe, shape, tokenizer and (when not given) ``seq_len``;
     ``explicit``: the options the user gave (only those can conflict with the folder)."""
+    if cfg.init_from is None:
+        return cfg
     folder = read_hf_folder(cfg.init_from)
     if "recipe" in explicit and cfg.recipe != folder.recipe:
         raise ValueError(f"--recipe {cfg.recipe}: with {OPTION} the recipe follows the folder "

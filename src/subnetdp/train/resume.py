@@ -38,6 +38,7 @@ from subnetdp.filemode import check_no_links, write_atomic
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.train.config import TrainConfig, config_keys
 from subnetdp.train.data_identity import Recorded, recorded_in
+from subnetdp.train.options import resumable
 
 __all__ = [
     "RESHARD_OVERRIDABLE",
@@ -56,22 +57,12 @@ __all__ = [
     "truncate_metrics",
 ]
 
-# Options a resumed run may change: they do not touch the model, the data or the optimiser's
-# maths (``steps`` extends the run; the cosine schedule is then computed for the new length).
-RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "final_ckpt",
-                                "max_restarts",
-                                "eval_batches", "memory_step", "log_every", "resume",
-                                "min_nproc", "rescue", "collective_timeout",
-                                # watching the run (metrics/tracking.py)
-                                "tensorboard", "wandb", "wandb_project", "eval_every",
-                                "peak_tflops", "eval_tasks", "eval_limit",
-                                # the optimizer's layout, not its maths: checkpoints are plain
-                                "zero",
-                                # the data may have changed: train/data_identity.py
-                                "accept_new_data"})
-# What --reshard may change besides: the world size and the plan ([Note: resharded resume]).
-RESHARD_OVERRIDABLE = frozenset({"nproc", "coverage", "scheme", "balance", "min_holders",
-                                 "plan_file", "neuron_groups", "neuron_kinds", "rotate"})
+# Options a resumed run may change (declared ``on_resume="change"``: they do not touch the
+# model, the data or the optimiser's maths; ``steps`` extends the run, the cosine schedule is
+# then computed for the new length), and what --reshard may change besides (``"reshard"``:
+# the world size and the plan, [Note: resharded resume]).
+RESUME_OVERRIDABLE = resumable("change")
+RESHARD_OVERRIDABLE = resumable("reshard")
 
 
 class NonFiniteLossError(RunStoppedError):
