@@ -11,7 +11,7 @@ EPILOG = """\
 a first run:
   subnetdp demo                                   ddp vs b-sdp on llama-tiny, 4 CPU workers
   subnetdp train --recipe llama-tiny --nproc 4 --strategy b-sdp --coverage 0.5
-  subnetdp plan --recipe llama-1b --nproc 8 --memory-gb 40 --strategies b-sdp,ddp
+  subnetdp plan budget --recipe llama-1b --nproc 8 --memory-gb 40 --strategies b-sdp,ddp
 
 the same word means the same thing in every command: --nproc (workers), --out (what the
 command writes: a run folder, a file), --runs (a folder of runs), --plan-file (a plan read),

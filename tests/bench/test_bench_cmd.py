@@ -26,7 +26,7 @@ def test_step_table_without_ddp_has_no_ratio() -> None:
 
 def _comm_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     capsys.readouterr()
-    assert cli.main(["bench", "comm", "--world", "2", "--json", *argv]) == 0
+    assert cli.main(["bench", "comm", "--nproc", "2", "--json", *argv]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -47,7 +47,7 @@ def test_bench_model_arg_changes_the_model(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_bench_step_spec_carries_model_args() -> None:
-    args = cli.build_parser().parse_args(["bench", "step", "--world", "2", "--strategies",
+    args = cli.build_parser().parse_args(["bench", "step", "--nproc", "2", "--strategies",
                                           "b-sdp", "--model-arg", "dim=32",
                                           "--model-arg", "n_heads=2"])
     spec = bench_cmd._spec(args, "b-sdp", in_list=True)

@@ -64,8 +64,8 @@ CASES = [
      "holds the source"),
     ("export-reads-run", ["export", "{R}", "--out", "{T}.safetensors"], "ok"),
     ("eval-reads-run", ["eval", "{R}"], "ok"),
-    ("eval-out-run", ["eval", "{R}", "--tasks", "arc_easy", "--out", "{R}"], "is the source"),
-    ("eval-out-in-run", ["eval", "{R}", "--tasks", "arc_easy", "--out", "{R}/arc.json"],
+    ("eval-out-run", ["eval", "{R}", "--eval-tasks", "arc_easy", "--out", "{R}"], "is the source"),
+    ("eval-out-in-run", ["eval", "{R}", "--eval-tasks", "arc_easy", "--out", "{R}/arc.json"],
      "lies inside the source"),
     ("plot-run", ["plot", "{R}"], "ok"),  # documented: adds R/curves.png
     ("plot-out-run", ["plot", "{R}", "--out", "{R}"], "is the run folder"),

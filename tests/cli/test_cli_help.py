@@ -61,8 +61,8 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 # (command line with the new spelling, the same with the old one, the dest they set)
 ALIASES = [
     (["plan", "--nproc", "4", "--units", "8"], ["plan", "--world", "4", "--units", "8"],
-     "world"),
-    (["bench", "memory", "--nproc", "2"], ["bench", "memory", "--world", "2"], "world"),
+     "nproc"),
+    (["bench", "memory", "--nproc", "2"], ["bench", "memory", "--world", "2"], "nproc"),
     (["plan", "--units", "8", "--out", "p.json"], ["plan", "--units", "8", "--save", "p.json"],
      "save"),
     (["demo", "--runs", "x"], ["demo", "--out", "x"], "out"),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from subnetdp.train.options import default
 from tests.cli.replay_cases import EXPECTED, cases, config_json_cases, resolve
 
 _EXPECTED = json.loads(EXPECTED.read_text())["resolved"]
@@ -26,4 +27,9 @@ def test_every_case_has_an_expectation(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(_EXPECTED))
 def test_replays_as_before(name: str, tmp_path: Path) -> None:
-    assert resolve(_all(tmp_path)[name]) == _EXPECTED[name]
+    """The same run; an option added since holds its declared default (so it changes no
+    earlier run)."""
+    got = resolve(_all(tmp_path)[name])
+    assert {k: got[k] for k in _EXPECTED[name]} == _EXPECTED[name]
+    assert {k: v for k, v in got.items() if k not in _EXPECTED[name]} == {
+        k: default(k) for k in got if k not in _EXPECTED[name]}

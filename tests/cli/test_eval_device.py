@@ -43,7 +43,7 @@ def hflm_devices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _eval(capsys, folder: Path, *extra: str) -> tuple[int, str]:
-    code = main(["eval", str(folder), "--tasks", "arc_easy", "--limit", "2", *extra])
+    code = main(["eval", str(folder), "--eval-tasks", "arc_easy", "--eval-limit", "2", *extra])
     return code, capsys.readouterr().err
 
 
@@ -64,7 +64,7 @@ def test_tasks_run_on_the_device_asked_for(hf_folder, hflm_devices, capsys, monk
 def test_cuda_without_cuda_is_one_line_before_any_work(hf_folder, hflm_devices, capsys,
                                                        monkeypatch, tasks: bool) -> None:
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    argv = ["eval", str(hf_folder), "--device", "cuda"] + (["--tasks", "arc_easy"] if tasks
+    argv = ["eval", str(hf_folder), "--device", "cuda"] + (["--eval-tasks", "arc_easy"] if tasks
                                                            else [])
     code = main(argv)
     err = capsys.readouterr().err
@@ -79,7 +79,7 @@ def test_an_hf_folder_without_tasks_is_told_how_to_score_it(hf_folder, capsys) -
     err = capsys.readouterr().err
     assert err.startswith(f"subnetdp eval: {hf_folder} is a Hugging Face model folder") and \
         err.count("\n") == 1
-    assert f"`subnetdp eval {hf_folder} --tasks " in err and "lm_eval" in err
+    assert f"`subnetdp eval {hf_folder} --eval-tasks " in err and "lm_eval" in err
     assert "--ckpt-every" not in err
 
 

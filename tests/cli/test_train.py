@@ -143,7 +143,7 @@ def test_bad_input_is_a_clear_error(args, message, tmp_path, capsys) -> None:
 
 def test_plan_for_another_world_is_refused(tmp_path, capsys) -> None:
     plan_file = tmp_path / "plan.json"
-    assert main(["plan", "--recipe", "llama-tiny", "--world", "4", "--coverage", "0.5",
+    assert main(["plan", "--recipe", "llama-tiny", "--nproc", "4", "--coverage", "0.5",
                  "--save", str(plan_file)]) == 0
     capsys.readouterr()
     code = main(["train", *TINY_LM, "--plan-file", str(plan_file), "--nproc", "2",

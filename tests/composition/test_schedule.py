@@ -162,7 +162,7 @@ def _plan_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int,
 
 
 def test_cli_check_schedule(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["--world", "4", "--units", "8", "--coverage", "0.5", "--check-schedule"]
+    base = ["--nproc", "4", "--units", "8", "--coverage", "0.5", "--check-schedule"]
     for extra in ([], ["--fsdp"], ["--fsdp", "--strategy", "bb-sdp"]):
         code, out, _ = _plan_cli([*base, *extra], capsys)
         assert code == 0 and "schedule: one global order exists" in out

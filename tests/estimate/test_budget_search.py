@@ -35,7 +35,7 @@ def test_nothing_fits_is_reported() -> None:
 
 
 def test_plan_memory_budget_needs_a_model(capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["plan", "--world", "4", "--memory-gb", "1"]) == 2
+    assert main(["plan", "budget", "--nproc", "4", "--memory-gb", "1"]) == 2
     assert "--recipe" in capsys.readouterr().err
 
 

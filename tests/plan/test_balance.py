@@ -157,7 +157,7 @@ def test_plan_command_explains_a_balanced_recipe_plan(capsys: pytest.CaptureFixt
 
     from subnetdp.cli import main
 
-    argv = ["plan", "--world", "4", "--recipe", "resnet18-cifar10", "--coverage", "0.5",
+    argv = ["plan", "--nproc", "4", "--recipe", "resnet18-cifar10", "--coverage", "0.5",
             "--scheme", "balanced", "--balance", "params", "--batch-size", "8"]
     assert main([*argv, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
@@ -224,14 +224,14 @@ def test_balance_names_are_checked() -> None:
         with pytest.raises(PlanError, match="--balance"):
             parse_balance(bad)
     with pytest.raises(SystemExit):
-        main(["plan", "--world", "4", "--units", "8", "--coverage", "0.5", "--scheme",
+        main(["plan", "--nproc", "4", "--units", "8", "--coverage", "0.5", "--scheme",
               "balanced", "--balance", "speed"])
 
 
 def test_plan_command_shows_the_balanced_resources(capsys: pytest.CaptureFixture[str]) -> None:
     from subnetdp.cli import main
 
-    argv = ["plan", "--world", "4", "--recipe", "resnet18-fmnist", "--coverage", "0.5",
+    argv = ["plan", "--nproc", "4", "--recipe", "resnet18-fmnist", "--coverage", "0.5",
             "--scheme", "balanced", "--balance", "params+cpu-time", "--batch-size", "8"]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -248,7 +248,7 @@ def test_readme_balanced_resnet18_plan(capsys: pytest.CaptureFixture[str]) -> No
 
     from subnetdp.cli import main
 
-    argv = ["plan", "--world", "8", "--recipe", "resnet18-cifar10", "--coverage", "0.5",
+    argv = ["plan", "--nproc", "8", "--recipe", "resnet18-cifar10", "--coverage", "0.5",
             "--scheme", "balanced"]
     assert main([*argv, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)

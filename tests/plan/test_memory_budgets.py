@@ -55,14 +55,15 @@ def test_too_small_budgets_are_refused_with_budgets_that_work() -> None:
 
 
 def test_plan_command_per_rank_budgets_errors(capsys) -> None:  # type: ignore[no-untyped-def]
-    args = ["plan", "--recipe", "llama-tiny", "--seq-len", "32", "--batch-size", "2"]
-    assert main([*args, "--world", "3", "--memory-gb", "1,1,1,1"]) == 2
+    args = ["plan", "fit", "--recipe", "llama-tiny", "--seq-len", "32", "--batch-size", "2"]
+    assert main([*args, "--nproc", "3", "--memory-gb", "1,1,1,1"]) == 2
     assert "one per worker" in capsys.readouterr().err
     # two workers: each estimate of llama-tiny (8 blocks) is a few seconds per rank
     assert main([*args, "--memory-gb", "0.001,0.0005"]) == 2
     err = capsys.readouterr().err
     assert "too small" in err and "--memory-gb" in err
-    assert main([*args, "--memory-gb", "1,x"]) == 2
+    with pytest.raises(SystemExit):
+        main([*args, "--memory-gb", "1,x"])
     assert "numbers separated by commas" in capsys.readouterr().err
 
 
@@ -105,7 +106,7 @@ def test_train_counts_communicators_like_plan(tmp_path, monkeypatch) -> None:  #
     _with_shared_estimates(monkeypatch)
     for given, comm in ((["--comm-mem-mb", "8"], "8"), ([], "0")):
         saved = tmp_path / f"plan{comm}.json"
-        assert main(["plan", *COMMON, "--comm-mem-mb", comm, "--out", str(saved)]) == 0
+        assert main(["plan", "fit", *COMMON, "--comm-mem-mb", comm, "--out", str(saved)]) == 0
         assert main(["train", *COMMON, *given, "--nproc", "2", "--steps", "1", "--no-progress",
                      "--out", str(tmp_path / f"run{comm}")]) == 0
         cfg, plan = launched[-1]
@@ -151,7 +152,7 @@ def test_comm_mem_mb_is_checked_and_recorded_alike(tmp_path, capsys) -> None:  #
     from subnetdp.train.config_file import load_config_file
 
     message = "--comm-mem-mb must be >= 0 (0: communicators not counted), got -1"
-    assert main(["plan", *COMMON, "--comm-mem-mb", "-1"]) == 2
+    assert main(["plan", "fit", *COMMON, "--comm-mem-mb", "-1"]) == 2
     assert message in capsys.readouterr().err
     assert main(["train", *COMMON, "--comm-mem-mb", "-1", "--nproc", "2",
                  "--out", str(tmp_path / "bad")]) == 2
@@ -203,7 +204,8 @@ def test_train_and_plan_estimate_the_same_run(option, without, budgets, tmp_path
     plans = {}
     for name, given in (("with", option), ("without", without)):
         saved = tmp_path / f"{name}.json"
-        assert main(["plan", *common, *given, "--comm-mem-mb", "0", "--out", str(saved)]) == 0
+        assert main(["plan", "fit", *common, *given, "--comm-mem-mb", "0", "--out",
+                     str(saved)]) == 0
         plans[name] = Plan.from_json(saved.read_text())
     assert main(["train", *common, *option, "--nproc", "2", "--steps", "1", "--no-progress",
                  "--out", str(tmp_path / "run")]) == 0
@@ -229,7 +231,7 @@ def test_train_and_plan_hand_the_planner_one_spec(option, tmp_path, monkeypatch)
         raise hetero.BudgetError("stop here")  # both commands refuse it in one line
 
     monkeypatch.setattr(hetero, "plan_for_budgets", plan_for_budgets)
-    for argv in (["plan", *COMMON, *option, "--comm-mem-mb", "0"],
+    for argv in (["plan", "fit", *COMMON, *option, "--comm-mem-mb", "0"],
                  ["train", *COMMON, *option, "--nproc", "2", "--out", str(tmp_path / "run")]):
         assert main(argv) == 2
     plan_spec, train_spec = specs
@@ -238,16 +240,19 @@ def test_train_and_plan_hand_the_planner_one_spec(option, tmp_path, monkeypatch)
                                   seq=32)  # the options reached it
 
 
-def test_run_options_outside_the_estimates_are_refused(capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["plan", "--units", "8", "--nproc", "4", "--coverage", "0.5",
-                 "--model-arg", "n_layers=2"]) == 2
-    assert "--model-arg applies to the estimates (--memory-gb, --cluster)" in \
-        capsys.readouterr().err
-    assert main(["plan", "--units", "8", "--nproc", "4", "--coverage", "0.5", "--zero", "2",
-                 "--reduce-dtype", "bf16", "--bucket-cap-mb", "5"]) == 2
-    assert "--zero, --reduce-dtype, --bucket-cap-mb apply to the estimates" in \
-        capsys.readouterr().err
-    assert main(["plan", "--recipe", "llama-tiny", "--nproc", "2", "--memory-gb", "1",
-                 "--zero", "1"]) == 2
-    assert "--zero compose one strategy: give one --memory-gb per worker" in \
-        capsys.readouterr().err
+@pytest.mark.parametrize(("argv", "refused"), [
+    (["plan", "--units", "8", "--nproc", "4", "--coverage", "0.5", "--model-arg",
+      "n_layers=2"], "--model-arg"),
+    (["plan", "--units", "8", "--nproc", "4", "--coverage", "0.5", "--zero", "2"], "--zero"),
+    (["plan", "budget", "--recipe", "llama-tiny", "--nproc", "2", "--memory-gb", "1", "--zero",
+      "1"], "--zero"),
+    (["plan", "cluster", "--recipe", "llama-tiny", "--cluster", "nodes=1", "--reduce-dtype",
+      "bf16"], "--reduce-dtype"),
+])
+def test_each_plan_job_takes_only_its_own_options(argv: list[str], refused: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Showing a plan takes no estimate's options; one budget and a cluster search the
+    compositions, so they take no --zero/--reduce-dtype (``plan fit`` composes one)."""
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert f"unrecognized arguments: {refused}" in capsys.readouterr().err

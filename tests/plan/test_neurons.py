@@ -144,12 +144,12 @@ def test_a_block_plan_is_refused_for_nsdp() -> None:
 
 
 def test_plan_command_nsdp(capsys) -> None:
-    rc = main(["plan", "--world", "4", "--recipe", "llama-tiny", "--strategy", "n-sdp",
+    rc = main(["plan", "--nproc", "4", "--recipe", "llama-tiny", "--strategy", "n-sdp",
                "--coverage", "0.5", "--neuron-kinds", "ffn", "--json"])
     rep = json.loads(capsys.readouterr().out)
     assert rc == 0 and rep["k"] == 2 and rep["units_per_layer"] == 4
     assert rep["num_units"] == 8 * 4
-    assert main(["plan", "--world", "4", "--units", "8", "--strategy", "n-sdp",
+    assert main(["plan", "--nproc", "4", "--units", "8", "--strategy", "n-sdp",
                  "--coverage", "0.5"]) == 2
     assert "needs --recipe" in capsys.readouterr().err
 

@@ -25,7 +25,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = _run(["--world", "8", "--units", "12", "--coverage", "0.5", "--json"], capsys)
+    rc, out, err = _run(["--nproc", "8", "--units", "12", "--coverage", "0.5", "--json"], capsys)
     assert rc == 0 and err == ""
     rep = json.loads(out)
     assert rep["assignment"][0] == [0, 1, 2, 3, 4, 5]
@@ -42,7 +42,7 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_random_scheme_and_save(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
-    argv = ["--world", "4", "--units", "8", "--coverage", "0.5", "--scheme", "random",
+    argv = ["--nproc", "4", "--units", "8", "--coverage", "0.5", "--scheme", "random",
             "--seed", "3", "--shared-size", "5", "--save", str(path), "--json"]
     rc, out, _ = _run(argv, capsys)
     assert rc == 0
@@ -55,7 +55,7 @@ def test_random_scheme_and_save(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = _run(["--world", "4", "--units", "8", "--coverage", "0.25"], capsys)
+    rc, out, _ = _run(["--nproc", "4", "--units", "8", "--coverage", "0.25"], capsys)
     assert rc == 0
     lines = out.splitlines()
     assert lines[0].startswith("plan: 4 workers, 8 units, scheme spread, coverage 0.25 (k=2)")
@@ -83,13 +83,13 @@ def test_explicit_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("argv", "pattern"),
     [
-        (["--world", "4", "--units", "8", "--coverage", "0"], r"coverage must be in \(0, 1\]"),
-        (["--world", "4", "--units", "8", "--coverage", "1.5"], r"coverage must be in"),
-        (["--world", "2", "--units", "8", "--coverage", "0.25"], r"minimum coverage"),
-        (["--world", "4", "--coverage", "0.5"], r"give --units N or --recipe NAME"),
+        (["--nproc", "4", "--units", "8", "--coverage", "0"], r"coverage must be in \(0, 1\]"),
+        (["--nproc", "4", "--units", "8", "--coverage", "1.5"], r"coverage must be in"),
+        (["--nproc", "2", "--units", "8", "--coverage", "0.25"], r"minimum coverage"),
+        (["--nproc", "4", "--coverage", "0.5"], r"give --units N or --recipe NAME"),
         (["--units", "8", "--coverage", "0.5"], r"give --nproc N"),
-        (["--world", "4", "--units", "8"], r"give --coverage"),
-        (["--world", "4", "--units", "8", "--coverage", "0.25", "--scheme", "random"],
+        (["--nproc", "4", "--units", "8"], r"give --coverage"),
+        (["--nproc", "4", "--units", "8", "--coverage", "0.25", "--scheme", "random"],
          r"no connected plan"),
     ],
 )
@@ -108,7 +108,7 @@ def test_explicit_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     rc, _, err = _run(["--plan-file", str(f)], capsys)
     assert rc == 2 and "unit(s) 2 (unit2) have no holder" in err
     f.write_text("[[1, 1], [1, 1]]")
-    rc, _, err = _run(["--plan-file", str(f), "--world", "3"], capsys)
+    rc, _, err = _run(["--plan-file", str(f), "--nproc", "3"], capsys)
     assert rc == 2 and "--nproc 3 but the explicit matrix has 2 rows" in err
     rc, _, err = _run(["--plan-file", str(f), "--coverage", "0.5"], capsys)
     assert rc == 2 and "do not apply with --plan-file" in err
@@ -117,16 +117,16 @@ def test_explicit_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
 
 
 def test_dtype_sets_the_bytes_per_element(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--world", "2", "--units", "4", "--coverage", "0.5", "--json"]
+    argv = ["--nproc", "2", "--units", "4", "--coverage", "0.5", "--json"]
     for dtype, width in (("fp32", 4), ("bf16-mixed", 4), ("bf16", 2)):
         rc, out, _ = _run([*argv, "--dtype", dtype], capsys)
         assert rc == 0 and json.loads(out)["bytes_per_worker"][0]["params"] == 2 * width
 
 
 def test_units_and_recipe_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        _run(["--world", "2", "--units", "4", "--recipe", "llama-tiny", "--coverage", "1"],
-             capsys)
+    rc, _, err = _run(["--nproc", "2", "--units", "4", "--recipe", "llama-tiny", "--coverage",
+                       "1"], capsys)
+    assert rc == 2 and "--units and --recipe are not allowed together" in err
 
 
 @pytest.mark.parametrize("extra", [["--units", "12", "--coverage", "0.5"], ["--plan-file"],
@@ -136,7 +136,7 @@ def test_plan_without_a_recipe_imports_no_torch(extra: list[str], tmp_path: Path
         path = tmp_path / "p.json"
         path.write_text(make_plan(world=8, units=12, coverage=0.5).to_json())
         extra = ["--plan-file", str(path)]
-    argv = ["plan", "--world", "8", *extra]
+    argv = ["plan", "--nproc", "8", *extra]
     code = ("import sys; from subnetdp.cli import main; "
             f"assert main({argv!r}) == 0; assert 'torch' not in sys.modules, 'torch imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -147,7 +147,7 @@ def test_plan_without_a_recipe_imports_no_torch(extra: list[str], tmp_path: Path
 
 @pytest.mark.parametrize("name", ["llama-tiny", "resnet18-fmnist"])
 def test_model_units(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = _run(["--world", "4", "--recipe", name, "--coverage", "0.5", "--json"],
+    rc, out, err = _run(["--nproc", "4", "--recipe", name, "--coverage", "0.5", "--json"],
                         capsys)
     assert rc == 0, err
     rep = json.loads(out)
@@ -162,6 +162,6 @@ def test_model_units(name: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = _run(["--world", "2", "--recipe", "no-such-model", "--coverage", "1"],
+    rc, out, err = _run(["--nproc", "2", "--recipe", "no-such-model", "--coverage", "1"],
                         capsys)
     assert rc == 2 and out == "" and err.startswith("subnetdp plan: error: ")

@@ -26,8 +26,8 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[BenchSpec]:
     return seen
 
 
-ARGS = ["plan", "--recipe", "llama-tiny", "--nproc", "4", "--memory-gb", "70e-9", "--seq-len", "32",
-        "--json"]
+ARGS = ["plan", "budget", "--recipe", "llama-tiny", "--nproc", "4", "--memory-gb", "70e-9",
+        "--seq-len", "32", "--json"]
 
 
 def test_one_line_per_estimate_on_stderr_and_json_on_stdout(

@@ -28,7 +28,7 @@ DECODE = re.compile(r"\b(get_strategy|parse_label)\(")
 # SubnetDataParallel and the framework integrations, summaries written before runs recorded
 # their label, the study's methods, and the benchmarks' labels
 DECODERS = re.compile(r"\b(get_strategy|parse_label|RankSpec\.of)\(")
-EDGES = {"commands/options.py", "commands/plan_cmd.py", "train/config.py", "parallelize.py",
+EDGES = {"commands/options.py", "commands/plan_show.py", "train/options.py", "parallelize.py",
          "runtime/wrapper.py", "metrics/report.py", "study/suite.py", "estimate/spec.py",
          "integrations/wrap.py"}
 

@@ -30,17 +30,17 @@ from typing import Any
 
 from subnetdp.commands.options import (
     HelpFormatter,
-    add_batch_arguments,
-    add_composition_arguments,
-    add_device_argument,
-    add_dtype_argument,
-    add_model_arg_argument,
-    add_nproc_argument,
-    add_recipe_argument,
-    add_strategy_argument,
+    add_declared,
     parse_model_arg,
+    strategy_label,
     strategy_list,
 )
+
+# the run options a benchmark is made of (train.options), each as train spells it
+OPTIONS = ("recipe", "model_args", "nproc", "strategy", "coverage", "batch_size", "seq_len",
+           "dtype", "fsdp", "ac", "zero", "device")
+# a strategy or a composed name (fsdp+ac, b-sdp+fsdp)
+LABELS = {"strategy": {"type": strategy_label, "choices": None, "metavar": "STRATEGY"}}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -51,33 +51,27 @@ def add_parser(subparsers: Any) -> None:
                    help="memory: the fake-mode peak estimate; comm: bytes per step "
                         "(analytic); step: measured step time with real workers; all: memory "
                         "and comm of every strategy")
-    add_recipe_argument(p, default="llama-tiny", help="a language-model recipe (default "
-                                                      "%(default)s)")
-    add_nproc_argument(p, default=8, help="number of workers")
-    add_strategy_argument(p, default="b-sdp", labels=True)
-    p.add_argument("--strategies", type=strategy_list,
-                   help="step/all: comma-separated, as --strategy (default: all of them)")
-    p.add_argument("--coverage", type=float, default=0.5, help="SDP coverage (default 0.5)")
-    add_batch_arguments(p, batch_size=1, seq_len=2048, default_note="default %(default)s")
-    add_dtype_argument(p)
-    add_composition_arguments(p, zero=True)
-    p.add_argument("--steps", type=int, default=10, help="step: timed steps after warm-up")
-    p.add_argument("--warmup", type=int, default=3,
-                   help="step: warm-up steps (>= 3; the last one is the memory step)")
-    p.add_argument("--compute", action="store_true",
-                   help="step: also time each strategy with communication off (a fake process "
-                        "group) and report the exposed communication, step minus that")
-    p.add_argument("--link", metavar="RATE[,latency=Xms]",
-                   help="step: run the workers on an emulated network (root and iproute2 "
-                        "needed) whose link is throttled to RATE (tc units: 100mbit, 1gbit; "
-                        "or unthrottled); its bandwidth and round trip are measured first")
-    p.add_argument("--nodes", type=int, default=1,
-                   help="step with --link: split the workers over this many emulated nodes; "
-                        "ranks of a node share an unthrottled local link, --link is each "
-                        "node's link to the others (default 1: one shared link)")
-    add_device_argument(p, default="cpu", help="step: where the workers run")
-    add_model_arg_argument(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_declared(p, "bench", OPTIONS, narrow=LABELS)
+    own = p.add_argument_group("bench's own (--steps, --warmup: the benchmark's, not a run's)")
+    own.add_argument("--strategies", type=strategy_list,
+                     help="step/all: comma-separated, as --strategy (default: all of them)")
+    own.add_argument("--steps", dest="timed_steps", type=int, default=10,
+                     help="step: timed steps after warm-up")
+    own.add_argument("--warmup", dest="warmup_steps", type=int, default=3,
+                     help="step: warm-up steps (>= 3; the last one is the memory step)")
+    own.add_argument("--compute", action="store_true",
+                     help="step: also time each strategy with communication off (a fake "
+                          "process group) and report the exposed communication, step minus "
+                          "that")
+    own.add_argument("--link", metavar="RATE[,latency=Xms]",
+                     help="step: run the workers on an emulated network (root and iproute2 "
+                          "needed) whose link is throttled to RATE (tc units: 100mbit, 1gbit; "
+                          "or unthrottled); its bandwidth and round trip are measured first")
+    own.add_argument("--nodes", type=int, default=1,
+                     help="step with --link: split the workers over this many emulated "
+                          "nodes; ranks of a node share an unthrottled local link, --link is "
+                          "each node's link to the others (default 1: one shared link)")
+    own.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
@@ -87,9 +81,9 @@ def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
     from subnetdp.estimate.spec import BenchSpec
     from subnetdp.strategy import RankSpec
 
-    spec = BenchSpec(recipe=args.recipe, strategy=text, world=args.world,
+    spec = BenchSpec(recipe=args.recipe, strategy=text, world=args.nproc,
                      batch=args.batch_size, seq=args.seq_len, dtype=args.dtype,
-                     model_args=tuple(parse_model_arg(a) for a in args.model_arg))
+                     model_args=tuple(parse_model_arg(a) for a in args.model_args))
     if not spec.is_sdp and in_list:
         return spec
     comp = spec.composition()
@@ -115,7 +109,7 @@ def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     est = estimate_memory(_spec(args, args.strategy)).to_dict()
     b = est["breakdown"]
-    text = (f"{est['label']} on {args.recipe}, {args.world} workers, micro-batch "
+    text = (f"{est['label']} on {args.recipe}, {args.nproc} workers, micro-batch "
             f"{args.batch_size} x {args.seq_len}, {args.dtype}: estimated peak "
             f"{est['peak_bytes'] / 2**30:.3f} GiB (worst rank {est['worst_rank']})\n" + "  ".join(
                 f"{k} {v / 2**30:.3f}" for k, v in b.items() if k != "total"))
@@ -153,14 +147,14 @@ def _step(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
         network = Layout(parse_link(args.link), nodes=args.nodes)
         check_available(network)
-        if args.world % args.nodes:
-            raise ValueError(f"--nodes {args.nodes} must divide --nproc {args.world}")
+        if args.nproc % args.nodes:
+            raise ValueError(f"--nodes {args.nodes} must divide --nproc {args.nproc}")
         if device != "cpu":
             raise ValueError("--link emulates the links of gloo workers; use --device cpu")
     elif args.nodes != 1:
         raise ValueError("--nodes needs --link (the emulated network it splits)")
-    out = run_step_bench(specs, steps=args.steps, warmup=args.warmup, device=device,
-                         compute=args.compute, network=network)
+    out = run_step_bench(specs, steps=args.timed_steps, warmup=args.warmup_steps,
+                         device=device, compute=args.compute, network=network)
     return out, step_table(out)
 
 

@@ -1,9 +1,9 @@
 """``subnetdp eval``: validation loss (and accuracy) of a checkpoint or an exported model;
-with ``--tasks``, downstream zero-shot accuracy through lm-evaluation-harness.
+with ``--eval-tasks``, downstream zero-shot accuracy through lm-evaluation-harness.
 
 The model is the plain model class built from the recipe, loaded strictly with the full
 state: the same evaluation as the end of ``subnetdp train`` (same validation batches).
-``--tasks`` evaluates a Hugging Face folder (``subnetdp export --format hf``), exporting a
+``--eval-tasks`` evaluates a Hugging Face folder (``subnetdp export --format hf``), exporting a
 run or checkpoint into a temporary one first (subnetdp.evals).
 """
 
@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from subnetdp._moved import moved_name
-from subnetdp.commands.options import HelpFormatter, add_device_argument
+from subnetdp.commands.options import HelpFormatter, add_alias, add_device_argument
 
 
 def add_parser(subparsers: Any) -> None:
@@ -32,16 +32,17 @@ def add_parser(subparsers: Any) -> None:
                         "recorded it (tokenised with the run's own tokenizer)")
     add_device_argument(p, default=None,
                         help="where to evaluate (default: the run's own --device, cpu with "
-                             "--tasks)")
-    p.add_argument("--tasks", default=None,
-                   help="downstream tasks instead of validation loss, comma-separated, e.g. "
-                        "arc_easy,sciq (path may also be an `export --format hf` folder)")
+                             "--eval-tasks)")
+    # train's spelling (--eval-tasks, --eval-limit: train.options) for the same values
+    add_alias(p, "--eval-tasks", old=("--tasks",), dest="tasks", default=None,
+              help="downstream tasks instead of validation loss, comma-separated, e.g. "
+                   "arc_easy,sciq (path may also be an `export --format hf` folder)")
     p.add_argument("--list-tasks", action=ListTasks,
                    help="list the downstream tasks available here and exit")
-    p.add_argument("--limit", type=int, default=None,
-                   help="--tasks: only the first N documents of each task")
+    add_alias(p, "--eval-limit", old=("--limit",), dest="limit", type=int, default=None,
+              help="--eval-tasks: only the first N documents of each task")
     p.add_argument("--out", default=None, metavar="FILE",
-                   help="--tasks: also write the result to this JSON file (default: stdout "
+                   help="--eval-tasks: also write the result to this JSON file (default: stdout "
                         "only)")
 
 
@@ -65,18 +66,18 @@ class ListTasks(argparse.Action):
         parser.exit(0)
 
 
-# options of downstream evaluation only: without --tasks they would be ignored
-TASKS_ONLY = ("limit", "out")
+# options of downstream evaluation only: without --eval-tasks they would be ignored
+TASKS_ONLY = {"limit": "--eval-limit", "out": "--out"}
 
 
 def run(args: argparse.Namespace) -> int:
     from subnetdp.data import DatasetMissingError
     from subnetdp.distributed.process_group import set_threads
 
-    given = [f"--{name}" for name in TASKS_ONLY if getattr(args, name) is not None]
+    given = [flag for name, flag in TASKS_ONLY.items() if getattr(args, name) is not None]
     if args.tasks is None and given:
-        print(f"subnetdp eval: {given[0]} has no effect without --tasks (it applies to "
-              "downstream evaluation only); drop it, or add --tasks", file=sys.stderr)
+        print(f"subnetdp eval: {given[0]} has no effect without --eval-tasks (it applies to "
+              "downstream evaluation only); drop it, or add --eval-tasks", file=sys.stderr)
         return 2
     set_threads()  # as train's workers compute: the same figures, and no oversubscription
     if args.tasks is not None:
@@ -114,7 +115,7 @@ def run_downstream(args: argparse.Namespace) -> int:
 
             check_output(args.out, sources=(args.path,))
         if args.limit is not None and args.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {args.limit}")
+            raise ValueError(f"--eval-limit must be >= 1, got {args.limit}")
         device = device_name(args.device or "cpu")  # an HF folder records no device of its own
         result = downstream(args.path, parse_tasks(args.tasks), config_keys=config_keys(),
                             limit=args.limit, device=device)

@@ -93,12 +93,14 @@ def add_declared(p: Container, command: str, names: Collection[str] | None = Non
             continue
         if o.section not in groups:
             groups[o.section] = p.add_argument_group(SECTIONS[o.section])
-        kw = {**flag_arguments(f.name, command), **(narrow or {}).get(f.name, {})}
+        own = (narrow or {}).get(f.name, {})
+        kw = {**flag_arguments(f.name, command), **own}
         old = kw.pop("aliases")
         if old:
-            add_alias(groups[o.section], flag(f.name), old=old, **kw)
+            action = add_alias(groups[o.section], flag(f.name), old=old, **kw)
         else:
-            groups[o.section].add_argument(flag(f.name), **kw)
+            action = groups[o.section].add_argument(flag(f.name), **kw)
+        action.narrowed = bool(own)  # type: ignore[attr-defined]  # (test_declared_once)
     return groups
 
 

