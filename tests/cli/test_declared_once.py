@@ -111,3 +111,18 @@ def test_sections_are_the_typed_values() -> None:
     cfg = TrainConfig(coverage=0.25, fsdp=True)
     assert cfg.plan_spec.coverage == 0.25 and cfg.composition().fsdp
     assert cfg.section("plan")["coverage"] == 0.25
+
+
+def test_bench_spec_is_built_from_the_run_sections() -> None:
+    """``BenchSpec.of``: a run's ``Composition`` and ``PlanSpec`` plus a shape, field for
+    field what a spec spelled out by hand holds."""
+    from subnetdp.estimate.spec import BenchSpec
+
+    cfg = TrainConfig(strategy="bb-sdp", coverage=0.75, min_holders=2, seed=3, zero=1,
+                      dtype="bf16-mixed", bucket_cap_mb=5.0, refresh_every=2)
+    spec = BenchSpec.of(cfg.strategy, cfg.composition(), cfg.plan_spec, recipe="llama-tiny",
+                        world=4, batch=2, seq=32, model_args={"n_layers": 2}, comm_mem_mb=8.0)
+    assert spec == BenchSpec(recipe="llama-tiny", strategy="bb-sdp", world=4, batch=2, seq=32,
+                             coverage=0.75, min_holders=2, seed=3, zero=1, dtype="bf16-mixed",
+                             bucket_cap_mb=5.0, refresh_every=2,
+                             model_args=(("n_layers", 2),), comm_mem_mb=8.0)

@@ -68,14 +68,13 @@ def run_inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Composition]:
 def search_base(args: argparse.Namespace, world: int, comm_mb: float) -> Any:
     """The base of the searches (one budget, a cluster): the model, batch, precision and
     buckets; the strategies and their compositions are what they search."""
-    from subnetdp.estimate.spec import BenchSpec, composition_fields
+    from subnetdp.estimate.spec import BenchSpec
 
     model_args, comp = run_inputs(args)
-    return BenchSpec(recipe=args.recipe, strategy="ddp", world=world,
-                     batch=args.batch_size, seq=args.seq_len,
-                     **composition_fields(comp.replace(fsdp=False, ac=False)),
-                     model_args=tuple(sorted(model_args.items())), comm_mem_mb=comm_mb,
-                     comm_split_shared=split_shared())
+    return BenchSpec.of("ddp", comp.replace(fsdp=False, ac=False), recipe=args.recipe,
+                        world=world, batch=args.batch_size, seq=args.seq_len,
+                        model_args=model_args, comm_mem_mb=comm_mb,
+                        comm_split_shared=split_shared())
 
 
 def _budgets(args: argparse.Namespace) -> list[float]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +107,20 @@ class BenchSpec:
 
     def __post_init__(self) -> None:
         _ = self.rank  # decoded and checked now: a bad spec fails where it is made
+
+    @classmethod
+    def of(cls, strategy: str, comp: Composition, plan: PlanSpec | None = None, *,
+           recipe: str, world: int, batch: int, seq: int,
+           model_args: Mapping[str, Any] | None = None, **measure: Any) -> BenchSpec:
+        """A run's sections (its ``Composition``, its ``PlanSpec``: train.options) plus a shape
+        (recipe, world, batch, seq); ``measure``: how the estimate counts (``comm_mem_mb``,
+        ``comm_split_shared``)."""
+        plan = plan or PlanSpec()
+        return cls(recipe=recipe, strategy=strategy, world=world, batch=batch, seq=seq,
+                   **composition_fields(comp), coverage=plan.coverage, scheme=plan.scheme,
+                   balance=plan.balance, capacities=plan.capacities,
+                   min_holders=plan.min_holders, seed=plan.seed,
+                   model_args=tuple(sorted((model_args or {}).items())), **measure)
 
     @functools.cached_property
     def rank(self) -> RankSpec:

@@ -1,4 +1,5 @@
-"""Downstream accuracy (``subnetdp eval PATH --eval-tasks ...``) of a run, checkpoint or HF folder."""
+"""Downstream accuracy (``subnetdp eval PATH --eval-tasks ...``) of a run, checkpoint or HF
+folder."""
 
 from __future__ import annotations
 

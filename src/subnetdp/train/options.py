@@ -50,6 +50,7 @@ SECTIONS: dict[str, str] = {
     "eval": "evaluation",
 }
 Command = Literal["train", "plan", "bench"]
+DEVICES = ("auto", "cpu", "cuda")  # every command's --device; auto: CUDA when available
 # keep: a resumed run keeps the recorded value; change: a resume may change it; reshard: a
 # resume with --reshard may change it (train.resume)
 OnResume = Literal["keep", "change", "reshard"]
@@ -257,10 +258,12 @@ class TrainOptions:
         metavar="C0,C1,...", parse=floats, commands=_TP, default_note="--coverage",
         where="block-level SDP strategies")
     memory_gb: list[float] | None = option(  # noqa: RUF009 (copied per instance)
-        None, "plan", "each rank's memory budget, e.g. 80,40,40,40: a balanced plan in which "
-        "every rank's estimated peak fits (made before the workers start)",
-        metavar="GB0,GB1,...", parse=floats, commands=_TP, default_note="--coverage",
-        where="block-level SDP strategies")
+        None, "plan", "memory budget per rank in GB: one per worker, e.g. 80,40,40,40, a "
+        "balanced plan in which every rank's estimated peak fits (train: made before the "
+        "workers start; plan fit); one for all ranks (plan budget: the strategies and "
+        "coverages that fit; plan cluster: whether each fits)", metavar="GB0,GB1,...",
+        parse=floats, commands=_TP, default_note="train: --coverage; plan cluster: the "
+                                                 "device's", where="block-level SDP strategies")
     comm_mem_mb: float | None = option(
         None, "plan", "device MiB each NCCL communicator takes, counted per rank in the "
         "estimates (0: not counted)", metavar="MB", commands=_TP,
@@ -343,7 +346,7 @@ class TrainOptions:
         "torchrun, which sets the world)", aliases=("--world",), metavar="N", commands=_ALL,
         on_resume="reshard", defaults={"train": None, "plan": None, "bench": 8})
     device: str = option("auto", "launch", "where the workers train (auto: CUDA when "
-                         "available)", choices=("auto", "cpu", "cuda"), commands=_ALL,
+                         "available)", choices=DEVICES, commands=_ALL,
                          defaults={"bench": "cpu"})
     out: str = option("runs/default", "launch", "the run folder", metavar="DIR",
                       defaults={"train": None}, default_note="runs/<recipe>-<strategy>")
