@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from multiprocessing import reduction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,9 @@ from subnetdp.distributed.process_group import (
 from subnetdp.distributed.timeouts import lost_peer
 from subnetdp.filemode import append_text, share
 from subnetdp.torch_compat import launch_grace
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 __all__ = [
     "RunInterruptedError",
@@ -150,32 +153,17 @@ def launch(
     """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
-    if start_method is None:
-        # [Note: why not fork]. A child of the fork server would still inherit CUDA state it
-        # cannot use and this process's default group (so its own init_distributed would
-        # return the parent's world): spawn then.
-        parent_state = torch.cuda.is_initialized() or (
-            dist.is_available() and dist.is_initialized()
-        )
-        start_method = "spawn" if parent_state else "forkserver"
-    if start_method not in ("fork", "spawn", "forkserver"):
-        raise ValueError(
-            f"start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}"
-        )
+    start_method = _start_method(start_method)
     if under_launcher():
         # Already a worker (e.g. under torchrun): the launcher owns the processes.
         return {int(os.environ["RANK"]): fn(*args)}
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     if start_method == "forkserver":
-        # The server imports torch and fn's module once, when it starts (the first launch of
-        # this process); each worker then forks from it (fast, and clean).
-        multiprocessing.set_forkserver_preload(
-            ["__main__", "subnetdp.distributed._fork_server", "torch", "torch._dynamo",
-             "torch.distributed", getattr(fn, "__module__", "torch")])
+        _preload_fork_server(fn)
     port = free_port()
     errors = tempfile.TemporaryDirectory(prefix="subnetdp-errors-")
     logs = _shared_logs(DefaultLogsSpecs, errors.name)(
@@ -183,25 +171,8 @@ def launch(
         redirects=Std.ALL if log_dir else Std.NONE,
         tee={0: Std.OUT} if log_dir and tee_rank0 else Std.NONE,
     )
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=run_id,
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{port}",
-        # Single node: the agent hosts the store itself and workers reuse it (no second port).
-        rdzv_configs={"is_host": True},
-        max_restarts=max_restarts,
-        monitor_interval=0.05,  # workers' exit is noticed sooner; polling is cheap
-        start_method=start_method,
-        local_addr="127.0.0.1",
-        logs_specs=logs,
-        # a SIGTERM/SIGINT is passed on to the workers, which may finish a checkpoint that is
-        # due (distributed/signals.py) before they are killed
-        **launch_grace(SHUTDOWN_GRACE_S),
-        log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
-    )
+    config = _launch_config(nproc, run_id, port=port, max_restarts=max_restarts,
+                            start_method=start_method, logs=logs)
     # With restarts, the agent must not share its rendezvous TCPStore with the workers: the
     # store outlives an attempt, so a restarted group's init_process_group reads the dead
     # group's gloo/NCCL addresses from it and fails to connect (pytorch/pytorch#135712).
@@ -221,14 +192,7 @@ def launch(
         try:
             return dict(elastic_launch(config, entry)(*args))
         except ChildFailedError as e:
-            failures = {
-                rank: (f.exitcode, _failure_text(f)) for rank, f in sorted(e.failures.items())
-            }
-            lines = [f"{len(failures)} of {nproc} worker(s) of run {run_id!r} failed:"]
-            for rank, (code, text) in failures.items():
-                lines.append(f"--- rank {rank} (exit code {code}) ---\n{text}")
-            raise WorkerFailedError("\n".join(lines), failures,
-                                    first=e.get_first_failure()[0]) from e
+            raise _worker_failed(e, nproc, run_id) from e
         except SignalException as e:
             if watch.fired:
                 raise WorkerStartTimeoutError(watch.missing(), start_timeout) from None
@@ -236,6 +200,70 @@ def launch(
 
 
 SHUTDOWN_GRACE_S = 30  # SIGTERM to the workers, then SIGKILL after this many seconds
+
+
+def _start_method(start_method: str | None) -> str:
+    """``start_method``, checked; None: forkserver, or spawn once this process has initialised
+    CUDA or a process group."""
+    if start_method is None:
+        # [Note: why not fork]. A child of the fork server would still inherit CUDA state it
+        # cannot use and this process's default group (so its own init_distributed would
+        # return the parent's world): spawn then.
+        parent_state = torch.cuda.is_initialized() or (
+            dist.is_available() and dist.is_initialized()
+        )
+        start_method = "spawn" if parent_state else "forkserver"
+    if start_method not in ("fork", "spawn", "forkserver"):
+        raise ValueError(
+            f"start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}"
+        )
+    return start_method
+
+
+def _preload_fork_server(fn: Callable[..., Any]) -> None:
+    """The server imports torch and fn's module once, when it starts (the first launch of
+    this process); each worker then forks from it (fast, and clean)."""
+    multiprocessing.set_forkserver_preload(
+        ["__main__", "subnetdp.distributed._fork_server", "torch", "torch._dynamo",
+         "torch.distributed", getattr(fn, "__module__", "torch")])
+
+
+def _launch_config(nproc: int, run_id: str, *, port: int, max_restarts: int,
+                   start_method: str, logs: Any) -> Any:
+    """torch elastic's ``LaunchConfig`` of one node's ``nproc`` workers."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{port}",
+        # Single node: the agent hosts the store itself and workers reuse it (no second port).
+        rdzv_configs={"is_host": True},
+        max_restarts=max_restarts,
+        monitor_interval=0.05,  # workers' exit is noticed sooner; polling is cheap
+        start_method=start_method,
+        local_addr="127.0.0.1",
+        logs_specs=logs,
+        # a SIGTERM/SIGINT is passed on to the workers, which may finish a checkpoint that is
+        # due (distributed/signals.py) before they are killed
+        **launch_grace(SHUTDOWN_GRACE_S),
+        log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
+    )
+
+
+def _worker_failed(e: ChildFailedError, nproc: int, run_id: str) -> WorkerFailedError:
+    """torch elastic's ``ChildFailedError`` as one error naming each failed rank, its exit
+    code and its traceback."""
+    failures = {
+        rank: (f.exitcode, _failure_text(f)) for rank, f in sorted(e.failures.items())
+    }
+    lines = [f"{len(failures)} of {nproc} worker(s) of run {run_id!r} failed:"]
+    for rank, (code, text) in failures.items():
+        lines.append(f"--- rank {rank} (exit code {code}) ---\n{text}")
+    return WorkerFailedError("\n".join(lines), failures, first=e.get_first_failure()[0])
 
 
 def _shared_logs(base: type, errors: str) -> type:
