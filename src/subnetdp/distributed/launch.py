@@ -173,15 +173,10 @@ def launch(
     )
     config = _launch_config(nproc, run_id, port=port, max_restarts=max_restarts,
                             start_method=start_method, logs=logs)
-    # With restarts, the agent must not share its rendezvous TCPStore with the workers: the
-    # store outlives an attempt, so a restarted group's init_process_group reads the dead
-    # group's gloo/NCCL addresses from it and fails to connect (pytorch/pytorch#135712).
-    # Disabled, rank 0 of each attempt hosts a fresh store.
-    restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
     with (
         errors,
         _preserved_process_state(),
-        default_env(OMP_NUM_THREADS="1", **restart_env),
+        default_env(OMP_NUM_THREADS="1", **_restart_env(max_restarts)),
         _launcher_pid(),
         _gc_paused(start_method == "fork") as gc_was_enabled,
         _agent_log(log_dir),
@@ -252,6 +247,14 @@ def _launch_config(nproc: int, run_id: str, *, port: int, max_restarts: int,
         **launch_grace(SHUTDOWN_GRACE_S),
         log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
     )
+
+
+def _restart_env(max_restarts: int) -> dict[str, str]:
+    """With restarts, the agent must not share its rendezvous TCPStore with the workers: the
+    store outlives an attempt, so a restarted group's init_process_group reads the dead
+    group's gloo/NCCL addresses from it and fails to connect (pytorch/pytorch#135712).
+    Disabled, rank 0 of each attempt hosts a fresh store."""
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
 
 
 def _worker_failed(e: ChildFailedError, nproc: int, run_id: str) -> WorkerFailedError:
