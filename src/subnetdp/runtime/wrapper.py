@@ -139,10 +139,14 @@ class SubnetDataParallel(nn.Module):
         self.fsdp = fsdp
         self.refresh_every = comp.refresh_every
         self._refreshed_through = 0  # reductions already followed by a refresh
-        if materialised and self.backend.refresher is not None:
-            # Backward masking runs every unit; a non-holder's copy came from its own init
-            # (its own seed): the owners' values replace it before the first forward, as the
-            # meta path's name-seeded init would have made it. Not traffic of any step.
+        if materialised:
+            self._replace_own_init()
+
+    def _replace_own_init(self) -> None:
+        """Backward masking runs every unit; a non-holder's copy came from its own init (its
+        own seed): the owners' values replace it before the first forward, as the meta
+        path's name-seeded init would have made it. Not traffic of any step."""
+        if self.backend.refresher is not None:
             self.backend.refresher.refresh()
 
     def _cut_state(
