@@ -1,7 +1,8 @@
 """The step-time model's device rate on this machine, measured (``estimate.steptime``).
 
     python -m subnetdp.estimate.calibrate [--recipe llama-tiny] [--batch-size 4] \\
-        [--seq-len 128] [--nproc 4] [--out benchmarks/results/cpu_calibration.json]
+        [--seq-len 128] [--nproc 4] [--steps 8] [--matmul-seconds 3]
+        [--out benchmarks/results/cpu_calibration.json]
 
 ``nproc`` processes start together (one thread each, as the benchmark's workers run) and each
 measures, with nothing else of its own running:
@@ -116,13 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--nproc", type=int, default=4, help="concurrent processes (default 4)")
     p.add_argument("--steps", type=int, default=8, help="timed training steps per process")
+    p.add_argument("--matmul-seconds", type=float, default=3.0,
+                   help="seconds of matmuls per process (default %(default)s)")
     p.add_argument("--out", help="write the JSON here (default: print it)")
     args = p.parse_args(argv)
-    if min(args.batch_size, args.seq_len, args.nproc, args.steps) < 1:
-        print("calibrate: error: --batch-size, --seq-len, --nproc and --steps must be >= 1",
-              file=sys.stderr)
+    if min(args.batch_size, args.seq_len, args.nproc, args.steps) < 1 or not (
+            args.matmul_seconds > 0):
+        print("calibrate: error: --batch-size, --seq-len, --nproc and --steps must be >= 1, "
+              "--matmul-seconds > 0", file=sys.stderr)
         return 2
-    out = calibrate(args.recipe, args.batch_size, args.seq_len, args.nproc, args.steps)
+    out = calibrate(args.recipe, args.batch_size, args.seq_len, args.nproc, args.steps,
+                    args.matmul_seconds)
     text = json.dumps(out, indent=1) + "\n"
     if args.out:
         with open(args.out, "w") as f:
