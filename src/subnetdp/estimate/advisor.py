@@ -124,7 +124,7 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
     FLOP/s per rank (``estimate.rates``); ``backend``: the collectives' (default: the
     device's, ``Device.backend``). The fastest is at matched progress ([Note: matched
     progress])."""
-    flops = rate.flops if isinstance(rate, Rate) else rate
+    flops, call_s = (rate.flops, rate.call_s or 0.0) if isinstance(rate, Rate) else (rate, 0.0)
     if memory_gb <= 0:
         raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
     if len({c.world for c in clusters}) != 1:
@@ -145,7 +145,7 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
     for cluster in clusters:
         rows = [Advice(spec, peak, peak <= memory_gb * GB,
                        predict_step(spec, cluster, rate=flops, backend=backend, costs=costs,
-                                    overlap=overlap, plan=plan, colls=colls))
+                                    overlap=overlap, plan=plan, colls=colls, call_s=call_s))
                 for spec, plan, colls, peak in known]
         fitting = [a for a in rows if a.fits]
         if fitting:

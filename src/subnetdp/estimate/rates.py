@@ -40,10 +40,17 @@ class Rate:
     flops: float  # model FLOP/s per rank
     source: str  # how it was obtained, printed above the table
     assumed: bool  # no measurement of this device produced it
+    # host seconds per FSDP collective call (``steptime.predict_step``'s ``call_s``):
+    # measured with the rate (``calibrate``'s ``fsdp_call_s``), else None: not modelled
+    call_s: float | None = None
 
     def describe(self) -> str:
         mark = "assumed: " if self.assumed else ""
-        return f"compute {self.flops / 1e12:.4g} TFLOP/s per rank ({mark}{self.source})"
+        call = ("FSDP host time per call 0 (assumed: hidden behind the device's streams)"
+                if self.call_s is None else
+                f"FSDP host time {self.call_s * 1e3:.3g} ms per call (measured with it)")
+        return (f"compute {self.flops / 1e12:.4g} TFLOP/s per rank ({mark}{self.source}); "
+                + call)
 
 
 def given_rate(device: Device, dtype: str, mfu: float | None, peak_tflops: float | None) -> Rate:
@@ -69,10 +76,12 @@ def table_rate(device: Device, dtype: str) -> Rate:
 
 def calibration_rate(record: dict[str, Any], where: str) -> Rate:
     """The rate of a ``calibrate`` record: its measured model FLOP/s per process."""
+    call = record.get("fsdp_call_s")  # records before it was measured lack it
     return Rate(float(record["model_flops"]),
                 f"measured {where}: {record['recipe']} {record['batch_size']} x "
                 f"{record['seq_len']}, {record['nproc']} processes at once, "
-                f"{record.get('date', 'undated')}", assumed=False)
+                f"{record.get('date', 'undated')}", assumed=False,
+                call_s=float(call) if call is not None else None)
 
 
 KEYS = ("model_flops", "recipe", "batch_size", "seq_len", "nproc")

@@ -21,8 +21,9 @@ parameter order (assembly) and the refresh below, which is point to point in one
 
 [Note: neuron groups]
 Under n-sdp the FSDP units are the per-group parts of a layer (``runtime.grouped``), not
-blocks (gathered per block and holder group: the next note). Their backward all-gathers would be issued when autograd reaches each part, and with
-activation checkpointing some from inside a block's recomputation, in an order that depends on
+blocks (gathered per block and holder group: the next note). Their backward all-gathers
+would be issued when autograd reaches each part, and with activation checkpointing some from
+inside a block's recomputation, in an order that depends on
 which groups a rank holds: two ranks could meet two shared groups in opposite orders (we saw
 the deadlock). So parts are not resharded after forward: they stay gathered until their
 reduce-scatter, and backward issues reduce-scatters only. Parameters are then sharded between
