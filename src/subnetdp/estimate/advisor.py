@@ -83,10 +83,7 @@ class Advice:
 
     @property
     def steps(self) -> int:
-        """Its steps for the progress of ddp's ``PROGRESS_STEPS`` ([Note: matched progress])."""
-        s = self.spec
-        flop_scaled = s.is_sdp and s.strategy_value.flop_scaled
-        return matched_steps(PROGRESS_STEPS, s.coverage) if flop_scaled else PROGRESS_STEPS
+        return progress_steps(self.spec)
 
     @property
     def matched_s(self) -> float:
@@ -97,6 +94,13 @@ class Advice:
                 "peak_GB": self.peak_bytes / GB, "fits": self.fits, "fastest": self.fastest,
                 "matched_steps": self.steps, "matched_s": self.matched_s,
                 **self.time.to_dict()}
+
+
+def progress_steps(spec: BenchSpec) -> int:
+    """``spec``'s steps for the progress of ddp's ``PROGRESS_STEPS`` ([Note: matched
+    progress])."""
+    flop_scaled = spec.is_sdp and spec.strategy_value.flop_scaled
+    return matched_steps(PROGRESS_STEPS, spec.coverage) if flop_scaled else PROGRESS_STEPS
 
 
 def candidates(base: BenchSpec, coverages: tuple[float, ...] = COVERAGES,

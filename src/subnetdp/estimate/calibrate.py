@@ -133,6 +133,7 @@ def _one(args: tuple[str, int, int, int, float, str], start: Any, rank: int
 def calibrate(recipe: str = "llama-tiny", batch: int = 4, seq: int = 128, nproc: int = 4,
               steps: int = 8, matmul_seconds: float = 3.0) -> dict[str, Any]:
     """Measure in ``nproc`` concurrent processes (module docstring); the medians."""
+    load = os.getloadavg()[0]  # the machine as it was: other jobs share it
     ctx = mp.get_context("spawn")
     start = ctx.Manager().Barrier(nproc)
     with tempfile.TemporaryDirectory() as tmp, ctx.Pool(nproc) as pool:
@@ -149,7 +150,7 @@ def calibrate(recipe: str = "llama-tiny", batch: int = 4, seq: int = 128, nproc:
             "flops_per_step": results[0]["flops_per_step"],
             "fsdp_call_s": statistics.median(r["fsdp_call_s"] for r in results),
             "step_s_median": statistics.median(r["step_s"] for r in results),
-            "per_process": results, "torch": torch.__version__,
+            "per_process": results, "torch": torch.__version__, "load_before": load,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
