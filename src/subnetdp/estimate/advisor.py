@@ -248,7 +248,7 @@ def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
     memory_mark = "" if memory_given or not cluster.device.memory_assumed else " (assumed)"
     lines = [
         f"{base.recipe} on {cluster.describe()}",
-        f"assumptions: {rate.describe()}, {base.dtype}; memory {memory_gb:g} GB per rank"
+        f"assumptions: {base.dtype}; {rate.describe()}; memory {memory_gb:g} GB per rank"
         f"{memory_mark}; micro-batch {base.batch} x {base.seq} tokens per rank; "
         + describe_communicators(cluster.device.backend, base.comm_mem_mb,
                                  base.comm_split_shared) + "; overlap "
