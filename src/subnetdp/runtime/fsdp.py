@@ -218,8 +218,12 @@ def shard_block_groups(
 
 
 def _entry_hook(entries: list[GroupEntry]) -> Any:
-    def hook(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    def hook(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
              ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if not args or not isinstance(args[0], torch.Tensor):
+            raise TypeError(f"n-sdp with fsdp gathers a block's neuron groups before it runs "
+                            f"and needs its input tensor first; {type(block).__name__} was "
+                            "called without one")
         x = args[0]
         if not (torch.is_grad_enabled() and x.requires_grad):
             for entry in entries:  # gathers only (evaluation)
