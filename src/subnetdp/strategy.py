@@ -91,6 +91,12 @@ class Strategy:
         return "keep" if self.neuron_level and self.masking == "forward" else "none"
 
     @property
+    def flop_scaled(self) -> bool:
+        """Its forward runs only what a worker holds (about C of DDP's FLOPs per step), so the
+        paper's FLOP-matched comparison gives it ``matched_steps`` for DDP's S."""
+        return self.masking == "forward"
+
+    @property
     def cost_masking(self) -> str:
         """The plan's cost model (``plan.worker_bytes``): what a worker stores and runs."""
         return "backward" if self.backward_masked else "forward"
@@ -121,6 +127,12 @@ DTYPES = ("fp32", "bf16-mixed", "bf16")
 MASTER_BYTES = {"fp32": 4, "bf16-mixed": 4, "bf16": 2}
 REDUCE_DTYPES = ("fp32", "bf16")
 OUTPUT_SCALINGS = ("none", "keep")
+
+
+def matched_steps(steps: int, coverage: float) -> int:
+    """Steps of a ``flop_scaled`` method at ``coverage`` for the progress of DDP's ``steps``
+    under the paper's FLOP-matched convention: round(S / C)."""
+    return round(steps / coverage)
 
 
 def get_strategy(name: str | Strategy) -> Strategy:

@@ -156,6 +156,9 @@ def add_parser(subparsers: Any) -> None:
                           "of the same size")
     adv.add_argument("--mfu", type=float, help="model FLOP/s utilisation (default: the "
                                                "device table's)")
+    adv.add_argument("--calibration", metavar="FILE",
+                     help="gpu=cpu: the rate of a python -m subnetdp.estimate.calibrate --out "
+                          "FILE record (default: calibrate now, a few seconds)")
     adv.add_argument("--peak-tflops", type=float,
                      help="device peak TFLOP/s at the compute dtype (default: the table's)")
     adv.add_argument("--coverages", default="0.5,0.75", metavar="C[,C...]",
@@ -494,6 +497,7 @@ def _advise(args: argparse.Namespace) -> int:
     """``--cluster``: the advisor's table per cluster (``estimate.advisor``)."""
     from subnetdp.estimate.advisor import OPTIONS, advise, format_advice, left_out
     from subnetdp.estimate.cluster import parse_cluster
+    from subnetdp.estimate.rates import advisor_rate
 
     try:
         clusters = [parse_cluster(text) for text in args.cluster]
@@ -513,8 +517,6 @@ def _advise(args: argparse.Namespace) -> int:
             raise ValueError(f"--coverages takes numbers separated by commas, got "
                              f"{args.coverages!r}") from None
         device = clusters[0].device
-        peak = args.peak_tflops * 1e12 if args.peak_tflops else device.peak(args.dtype)
-        mfu = args.mfu if args.mfu is not None else device.mfu
         try:
             memory_gb = float(args.memory_gb) if args.memory_gb else device.memory_gb
         except ValueError:
@@ -522,21 +524,24 @@ def _advise(args: argparse.Namespace) -> int:
                              f"{args.memory_gb!r}") from None
         base = _search_base(args, clusters[0].world, comm_mb)
         options = tuple(t for t, _ in args.strategies) if args.strategies else OPTIONS
-        tables = advise(base, clusters, memory_gb=memory_gb, rate=peak * mfu,
+        rate = advisor_rate(base, clusters[0], mfu=args.mfu, peak_tflops=args.peak_tflops,
+                            calibration=args.calibration)
+        tables = advise(base, clusters, memory_gb=memory_gb, rate=rate,
                         coverages=coverages, options=options, overlap=not args.no_overlap)
         skipped = left_out(base, clusters[0].world, coverages, options)
     except ValueError as e:
         print(f"subnetdp plan: error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([{"cluster": c.describe(), "peak_flops": peak, "mfu": mfu,
+        print(json.dumps([{"cluster": c.describe(), "rate_flops": rate.flops,
+                           "rate_source": rate.source, "rate_assumed": rate.assumed,
                            "memory_gb": memory_gb, "not_estimated": skipped,
                            "rows": [a.to_dict() for a in rows]}
                           for c, rows in zip(clusters, tables, strict=True)]))
         return 0
-    print("\n\n".join(format_advice(rows, c, base, memory_gb=memory_gb, rate=peak * mfu,
-                                    mfu=mfu, peak=peak, overlap=not args.no_overlap,
-                                    skipped=skipped)
+    print("\n\n".join(format_advice(rows, c, base, memory_gb=memory_gb, rate=rate,
+                                    overlap=not args.no_overlap, skipped=skipped,
+                                    memory_given=bool(args.memory_gb))
                        for c, rows in zip(clusters, tables, strict=True)))
     return 0
 
