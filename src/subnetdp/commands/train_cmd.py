@@ -21,6 +21,7 @@ from subnetdp.commands.options import (
     add_min_nproc_argument,
     add_model_arg_argument,
     add_neuron_arguments,
+    add_node_arguments,
     add_plan_file_argument,
     add_recipe_argument,
     add_reduce_dtype_argument,
@@ -66,6 +67,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                    help="fraction of units (blocks for b-sdp, neuron groups of every layer "
                         "for n-sdp) each worker holds")
     add_scheme_arguments(s, default=d.scheme)
+    add_node_arguments(s)
     add_neuron_arguments(s)
     s.add_argument("--output-scaling", default=d.output_scaling, choices=OUTPUT_SCALINGS,
                    help="n-sdp: scale kept hidden units by 1/keep-rate while training "

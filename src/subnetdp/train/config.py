@@ -92,6 +92,10 @@ class TrainConfig:
     # rescue = on a lost worker, go on from the survivors' copies of the step in flight instead
     # of the newest checkpoint when the plan allows it (train/rescue.py, [Note: rescue])
     rescue: bool = True
+    # failure domains (plan/nodes.py): the built-in launcher emulates nnodes nodes (contiguous
+    # ranks; under torchrun, its nodes); spread_nodes puts each unit's holders on >= 2 of them
+    nnodes: int = 1
+    spread_nodes: bool = True
     # Seconds a collective may wait for a peer before the group stops, naming the silent rank
     # (also bounds worker start-up); evaluation and checkpoint writes get longer
     # (distributed/timeouts.py).
@@ -236,6 +240,8 @@ class TrainConfig:
             check_comm_mem_mb(self.comm_mem_mb)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
+        if not 1 <= self.nnodes <= self.nproc:
+            bad(f"--nnodes must be between 1 and --nproc ({self.nproc}), got {self.nnodes}")
         if self.max_groups is not None and (
                 self.max_groups < 1 or self.plan_spec.balanced or self.memory_gb is not None
                 or strategy.neuron_level):

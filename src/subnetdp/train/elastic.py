@@ -35,9 +35,11 @@ from subnetdp.checkpoint.files import checkpoints_root, newest_checkpoint, read_
 from subnetdp.checkpoint.rescue import RescueUnavailableError, clear_rescue, compose_rescue
 from subnetdp.distributed import faults
 from subnetdp.distributed.launch import WorkerFailedError, launch
+from subnetdp.distributed.nodes import emulate_nodes
 from subnetdp.distributed.process_group import under_launcher
 from subnetdp.metrics.sinks import rank_jsonl_path
 from subnetdp.plan import Plan
+from subnetdp.plan.nodes import node_of
 from subnetdp.plan.shrink import replan_blocker, shrink_plans
 from subnetdp.train.config import TrainConfig, config_keys
 from subnetdp.train.rescue import rescue_blocker
@@ -90,9 +92,9 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
             if not under_launcher():  # an earlier group's contributions never mix in
                 clear_rescue(cfg.out)
             try:
-                return launch(fn, args, nproc=cfg.nproc, run_id=run_id,
-                              max_restarts=cfg.max_restarts, start_method=start_method,
-                              **launch_kw)
+                return launch(emulate_nodes(fn, cfg.nnodes), args, nproc=cfg.nproc,
+                              run_id=run_id, max_restarts=cfg.max_restarts,
+                              start_method=start_method, **launch_kw)
             except WorkerFailedError as e:
                 os.environ[faults.ENV] = ""  # an injected fault fires once per run
                 smaller, why = rescued_config(cfg)
@@ -149,7 +151,10 @@ def rescued_config(cfg: TrainConfig) -> tuple[TrainConfig | None, str]:
         return None, str(e)
     if len(survivors) < cfg.min_nproc:
         return None, f"{len(survivors)} survivors are fewer than --min-nproc {cfg.min_nproc}"
-    smaller = dataclasses.replace(cfg, nproc=len(survivors), resume=str(ckpt), reshard=True)
+    # the survivors stay on their nodes: a node whose every rank was lost is gone
+    nodes = {node_of(r, cfg.nproc, cfg.nnodes) for r in survivors}
+    smaller = dataclasses.replace(cfg, nproc=len(survivors), resume=str(ckpt), reshard=True,
+                                  nnodes=len(nodes))
     for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the step
         truncate_metrics(rank_jsonl_path(Path(cfg.out), rank), step)
     lost = sorted(set(range(cfg.nproc)) - set(survivors))
@@ -170,7 +175,8 @@ def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> Tra
     if newest is None:
         return None
     step = int(read_manifest(newest, config_keys=config_keys())["step"])
-    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - 1, resume=str(newest), reshard=True)
+    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - 1, resume=str(newest), reshard=True,
+                                  nnodes=min(cfg.nnodes, cfg.nproc - 1))
     for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the checkpoint
         path = rank_jsonl_path(Path(cfg.out), rank)
         truncate_metrics(path, step)

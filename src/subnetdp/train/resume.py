@@ -71,7 +71,8 @@ RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", 
                                 "accept_new_data"})
 # What --reshard may change besides: the world size and the plan ([Note: resharded resume]).
 RESHARD_OVERRIDABLE = frozenset({"nproc", "coverage", "scheme", "balance", "min_holders",
-                                 "plan_file", "neuron_groups", "neuron_kinds", "rotate"})
+                                 "plan_file", "neuron_groups", "neuron_kinds", "rotate",
+                                 "nnodes", "spread_nodes"})
 
 
 class NonFiniteLossError(RunStoppedError):

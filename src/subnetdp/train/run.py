@@ -4,6 +4,7 @@ processes, or this process under torchrun), and the run's summary."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -42,6 +43,10 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.train.trainer import train_worker
 
     cfg = cfg.resolved()
+    if under_launcher():  # torchrun's nodes ([Note: emulated nodes]: the local launcher's)
+        from subnetdp.distributed.nodes import launcher_nnodes
+
+        cfg = dataclasses.replace(cfg, nnodes=launcher_nnodes(cfg.nnodes))
     if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
         check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
     # under torchrun every worker makes its own plan
