@@ -141,6 +141,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                                    "survivors' copies of the step in flight when every unit has "
                                    "two holders, else from the newest checkpoint; each smaller "
                                    "world is planned at the start (default: never shrink)")
+    k.add_argument("--max-nproc", type=int, default=None, metavar="M",
+                   help="grow back: start M workers, those beyond --nproc joining at a step "
+                        "boundary with their state from the holders; after an elastic "
+                        "shrink a lost worker is restarted and rejoins (default: never grow)")
     k.add_argument("--no-rescue", dest="rescue", action="store_false", default=None,
                    help="with --min-nproc: always go on from the newest checkpoint, never "
                         "from the survivors' copies of the step in flight (docs/checkpointing.md)")

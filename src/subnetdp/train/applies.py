@@ -146,7 +146,7 @@ ALWAYS = frozenset({
     "collective_timeout", "log_every", "progress", "eval_every", "eval_batches", "memory_step",
     "peak_tflops", "tensorboard", "wandb", "wandb_project", "out", "resume",
     "config_version", "compile", "accept_new_data",
-    "init_from", "nnodes"})
+    "init_from", "nnodes", "max_nproc"})
 
 
 # Switches on by default: the flag a user gives turns them off.

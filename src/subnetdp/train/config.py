@@ -96,6 +96,9 @@ class TrainConfig:
     # ranks; under torchrun, its nodes); spread_nodes puts each unit's holders on >= 2 of them
     nnodes: int = 1
     spread_nodes: bool = True
+    # grow back (train/grow.py): the launcher starts this many workers, those beyond nproc
+    # joining the run at a step boundary (also after an elastic shrink: a restarted worker)
+    max_nproc: int | None = None
     # Seconds a collective may wait for a peer before the group stops, naming the silent rank
     # (also bounds worker start-up); evaluation and checkpoint writes get longer
     # (distributed/timeouts.py).
@@ -240,6 +243,8 @@ class TrainConfig:
             check_comm_mem_mb(self.comm_mem_mb)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
+        if self.max_nproc is not None and self.max_nproc < self.nproc:
+            bad(f"--max-nproc must be >= --nproc ({self.nproc}), got {self.max_nproc}")
         if not 1 <= self.nnodes <= self.nproc:
             bad(f"--nnodes must be between 1 and --nproc ({self.nproc}), got {self.nnodes}")
         if self.max_groups is not None and (

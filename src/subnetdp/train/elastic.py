@@ -92,7 +92,9 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
             if not under_launcher():  # an earlier group's contributions never mix in
                 clear_rescue(cfg.out)
             try:
-                return launch(emulate_nodes(fn, cfg.nnodes), args, nproc=cfg.nproc,
+                # --max-nproc: the workers beyond --nproc join at a step boundary (grow.py)
+                return launch(emulate_nodes(fn, cfg.nnodes), args,
+                              nproc=max(cfg.nproc, cfg.max_nproc or 0),
                               run_id=run_id, max_restarts=cfg.max_restarts,
                               start_method=start_method, **launch_kw)
             except WorkerFailedError as e:
