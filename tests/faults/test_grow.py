@@ -16,7 +16,7 @@ from subnetdp.checkpoint.files import read_manifest, step_dir
 from subnetdp.cli import main
 from subnetdp.distributed import faults
 from subnetdp.metrics.sinks import read_jsonl
-from tests.faults.harness import clear_message, run_cli
+from tests.faults.harness import clear_message, long_faults, run_cli
 from tests.faults.test_rescue_oracle import TINY, _tensors
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -29,13 +29,12 @@ def _losses(run: Path, rank: int, after: int) -> list[tuple[int, float]]:
             if m["step"] > after]
 
 
-def test_a_killed_worker_rejoins_and_the_run_grows_back(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def _grows_back(tmp_path: Path, strategy: str, capsys: pytest.CaptureFixture[str],
+                monkeypatch: pytest.MonkeyPatch) -> None:
     run, again = tmp_path / "run", tmp_path / "resharded"
     monkeypatch.setenv(faults.ENV, "2:3:commit:kill")
     capsys.readouterr()
-    assert main(["train", *TINY, "--strategy", "b-sdp", "--steps", str(STEPS), "--nproc", "4",
+    assert main(["train", *TINY, "--strategy", strategy, "--steps", str(STEPS), "--nproc", "4",
                  "--min-nproc", "3", "--max-nproc", "4", "--ckpt-every", "1", "--ckpt-keep",
                  "20", "--log-every", "1", "--out", str(run)]) == 0
     err = capsys.readouterr().err
@@ -62,6 +61,20 @@ def test_a_killed_worker_rejoins_and_the_run_grows_back(
     assert a.keys() == b.keys()
     for k in a:  # bit for bit
         assert torch.equal(a[k].view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)), k
+
+
+def test_a_killed_worker_rejoins_and_the_run_grows_back(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _grows_back(tmp_path, "b-sdp", capsys, monkeypatch)
+
+
+@long_faults
+@pytest.mark.parametrize("strategy", ["n-sdp", "bb-sdp", "nb-sdp"])
+def test_every_strategy_grows_back(tmp_path: Path, strategy: str,
+                                   capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _grows_back(tmp_path, strategy, capsys, monkeypatch)
 
 
 def test_a_joiner_waits_for_its_admission_or_the_end(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,6 +21,7 @@ from subnetdp.cli import main
 from subnetdp.distributed import faults
 from subnetdp.plan import Plan
 from subnetdp.plan.nodes import node_ranks, node_report
+from tests.faults.harness import long_faults
 from tests.faults.test_rescue_oracle import TINY, _tensors
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -61,6 +62,7 @@ def _kill_node_at_step(run: Path, ranks: list[int], step: int, stop: threading.E
             return
 
 
+@long_faults  # make test-faults; in make test: the plan's side (tests/plan/test_nodes.py)
 def test_a_lost_node_is_rescued_where_the_plan_says(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,6 +34,7 @@ re-forms the group with the new node and every worker resumes the newest checkpo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -126,25 +127,13 @@ def grow_worker(cfg: TrainConfig, plan: Plan | None, run: Run) -> dict[str, Any]
             admitted = _admission(store, keys)
             if admitted is None:
                 return {"joined": False}
-            rank, world, state = launched, int(admitted["world"]), None
+            state = None
         else:
-            rank, world = launched, cfg.nproc
-            init_group(dist.PrefixStore(keys.group(0), store), rank=rank, world=world,
-                       backend=_backend(cfg), timeout=timeout)
-            grow = Growth(store, rank=rank, joiners=joiners, last=cfg.steps)
-            try:
-                with naming_silent_ranks(rank, world):
-                    result = run(cfg, rank, world, plan, grow=grow)
-            except GrowAt as g:
-                if rank == 0:
-                    store.set(keys.admit, json.dumps({"world": world + len(joiners),
-                                                      "step": g.step}))
-                shutdown_distributed()
-                state, world = g.state, world + len(joiners)
-            else:
-                if rank == 0:
-                    store.set(keys.admit, json.dumps({"done": True}))
-                return result
+            ended = _member(cfg, plan, run, store, keys, joiners, timeout)
+            if not isinstance(ended, GrowAt):
+                return ended
+            state = ended.state
+        rank, world = launched, cfg.nproc + len(joiners)
         init_group(dist.PrefixStore(keys.group(1), store), rank=rank, world=world,
                    backend=_backend(cfg), timeout=timeout)
         held = _gathered(state, world)
@@ -159,6 +148,29 @@ def grow_worker(cfg: TrainConfig, plan: Plan | None, run: Run) -> dict[str, Any]
         return {"error": str(e)}
     finally:
         shutdown_distributed()
+
+
+def _member(cfg: TrainConfig, plan: Plan | None, run: Run, store: dist.Store, keys: _Keys,
+            joiners: list[int], timeout: float) -> dict[str, Any] | GrowAt:
+    """A member's run in the first group, until it ends (its stats) or grows (``GrowAt``,
+    the group left); rank 0 then admits the joiners, or tells them the run ended, whatever
+    ended it (a joiner never waits on a group that is gone)."""
+    rank, world = int(os.environ["RANK"]), cfg.nproc
+    said: dict[str, Any] = {"done": True}
+    try:
+        init_group(dist.PrefixStore(keys.group(0), store), rank=rank, world=world,
+                   backend=_backend(cfg), timeout=timeout)
+        with naming_silent_ranks(rank, world):
+            return run(cfg, rank, world, plan,
+                       grow=Growth(store, rank=rank, joiners=joiners, last=cfg.steps))
+    except GrowAt as g:
+        said = {"world": world + len(joiners), "step": g.step}
+        shutdown_distributed()
+        return g
+    finally:
+        if rank == 0:
+            with contextlib.suppress(RuntimeError):  # the store's host may be gone
+                store.set(keys.admit, json.dumps(said))
 
 
 def _backend(cfg: TrainConfig) -> str | None:
