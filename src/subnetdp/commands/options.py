@@ -93,8 +93,9 @@ def add_node_arguments(p: Container) -> None:
     nodes] in plan/nodes.py)."""
     p.add_argument("--nnodes", type=int, default=None, metavar="K",
                    help="the workers run on K nodes, contiguous ranks each (train: the local "
-                        "launcher emulates them; under torchrun its nodes count); with "
-                        "--min-holders 2 each unit's holders span >= 2 nodes (default 1)")
+                        "launcher emulates them; under torchrun, torchrun's nodes count "
+                        "instead); with --min-holders 2 each unit's holders span >= 2 nodes "
+                        "(default 1)")
     p.add_argument("--no-spread-nodes", dest="spread_nodes", action="store_false",
                    default=None, help="keep the scheme's rank order: holders may share a node")
 

@@ -46,14 +46,12 @@ def emulate_nodes(fn: Callable[..., Any], nnodes: int) -> Callable[..., Any]:
     return _OnNode(fn, nnodes)
 
 
-def launcher_nnodes(asked: int) -> int:
-    """Under torchrun: its node count, checked against the contiguous map the plan assumes
-    (equal ``--nproc-per-node`` on every node); ``asked`` (``--nnodes``) must not differ."""
+def launcher_nnodes() -> int:
+    """Under torchrun: its node count (whatever a resumed run recorded: the nodes are the
+    ones running now), checked against the contiguous map the plan assumes (equal
+    ``--nproc-per-node`` on every node)."""
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     nnodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
-    if asked not in (1, nnodes):
-        raise ValueError(f"--nnodes {asked}: under torchrun the nodes are torchrun's "
-                         f"({nnodes}); drop --nnodes")
     group = int(os.environ.get("GROUP_RANK", "0"))
     if nnodes > 1 and node_of(rank, world, nnodes) != group:
         raise ValueError(f"rank {rank} runs on node {group}, but {world} workers on {nnodes} "

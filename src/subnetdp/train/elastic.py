@@ -153,14 +153,16 @@ def rescued_config(cfg: TrainConfig) -> tuple[TrainConfig | None, str]:
         return None, str(e)
     if len(survivors) < cfg.min_nproc:
         return None, f"{len(survivors)} survivors are fewer than --min-nproc {cfg.min_nproc}"
+    # the lost group's world: --nproc, or more when it had grown ([Note: growing a run])
+    world = int(read_manifest(ckpt, config_keys=config_keys())["world"])
     # the survivors stay on their nodes: a node whose every rank was lost is gone
-    nodes = {node_of(r, cfg.nproc, cfg.nnodes) for r in survivors}
+    nodes = {node_of(r, world, cfg.nnodes) for r in survivors}
     smaller = dataclasses.replace(cfg, nproc=len(survivors), resume=str(ckpt), reshard=True,
                                   nnodes=len(nodes))
-    for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the step
+    for rank in range(smaller.nproc, world):  # the lost ranks' lines after the step
         truncate_metrics(rank_jsonl_path(Path(cfg.out), rank), step)
-    lost = sorted(set(range(cfg.nproc)) - set(survivors))
-    return smaller, (f"rank(s) {lost} of {cfg.nproc} lost; rescued step {step} from the "
+    lost = sorted(set(range(world)) - set(survivors))
+    return smaller, (f"rank(s) {lost} of {world} lost; rescued step {step} from the "
                      f"survivors' copies ({ckpt}); going on with "
                      f"{smaller.nproc} workers, resharded, no step replayed")
 

@@ -49,7 +49,7 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         if cfg.max_nproc is not None:
             raise ValueError("--max-nproc grows a local run; under torchrun a node joins by "
                              "torchrun's --nnodes MIN:MAX (docs/checkpointing.md): drop it")
-        cfg = dataclasses.replace(cfg, nnodes=launcher_nnodes(cfg.nnodes))
+        cfg = dataclasses.replace(cfg, nnodes=launcher_nnodes())
     if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
         check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
     # under torchrun every worker makes its own plan
