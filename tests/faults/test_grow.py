@@ -31,7 +31,7 @@ def _losses(run: Path, rank: int, after: int) -> list[tuple[int, float]]:
 
 def _grows_back(tmp_path: Path, strategy: str, capsys: pytest.CaptureFixture[str],
                 monkeypatch: pytest.MonkeyPatch) -> None:
-    run, again = tmp_path / "run", tmp_path / "resharded"
+    run = tmp_path / "run"
     monkeypatch.setenv(faults.ENV, "2:3:commit:kill")
     capsys.readouterr()
     assert main(["train", *TINY, "--strategy", strategy, "--steps", str(STEPS), "--nproc", "4",
@@ -48,8 +48,14 @@ def _grows_back(tmp_path: Path, strategy: str, capsys: pytest.CaptureFixture[str
     # rescued step's own line is rescue's known gap: docs/checkpointing.md, Limits)
     assert [m["step"] for m in read_jsonl(run / "metrics" / "rank0.jsonl")] == [
         1, 2, *range(4, STEPS + 1)]
-    assert [s for s, _ in _losses(run, 3, grew)] == list(range(grew + 1, STEPS + 1))
+    _equals_the_resharded_run(run, tmp_path / "resharded", grew, monkeypatch)
 
+
+def _equals_the_resharded_run(run: Path, again: Path, grew: int,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grown run's steps after ``grew`` are those of ``--resume step_<grew> --reshard``
+    onto 4 workers, loss for loss, and its final checkpoint equals that run's bit for bit."""
+    assert [s for s, _ in _losses(run, 3, grew)] == list(range(grew + 1, STEPS + 1))
     shutil.copytree(run, again)
     monkeypatch.setenv(faults.ENV, "")  # disarmed (a fork server keeps an unset variable)
     assert main(["train", "--resume", str(step_dir(again / "checkpoints", grew)), "--reshard",
@@ -75,6 +81,24 @@ def test_every_strategy_grows_back(tmp_path: Path, strategy: str,
                                    capsys: pytest.CaptureFixture[str],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     _grows_back(tmp_path, strategy, capsys, monkeypatch)
+
+
+@long_faults
+@pytest.mark.parametrize("extra", [["--zero", "2"], ["--fsdp"]])
+def test_a_sharded_group_grows(tmp_path: Path, extra: list[str],
+                               capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """No loss: 3 workers and a joiner from the start (--max-nproc adds one); holder groups
+    whose state is sharded hand it over as gathered by their checkpoint."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, *extra, "--strategy", "b-sdp", "--steps", str(STEPS),
+                 "--nproc", "3", "--max-nproc", "4", "--ckpt-every", "1", "--ckpt-keep", "20",
+                 "--log-every", "1", "--out", str(run)]) == 0
+    worlds = [read_manifest(step_dir(run / "checkpoints", s))["world"]
+              for s in range(1, STEPS + 1)]
+    grew = worlds.count(3)
+    assert 0 < grew < STEPS and worlds == [3] * grew + [4] * (STEPS - grew), worlds
+    _equals_the_resharded_run(run, tmp_path / "resharded", grew, monkeypatch)
 
 
 def test_a_joiner_waits_for_its_admission_or_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
