@@ -134,6 +134,9 @@ def test_a_joiner_waits_for_its_admission_or_the_end(monkeypatch: pytest.MonkeyP
     (["--nproc", "2", "--max-nproc", "2"], {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"},
      "--max-nproc grows a local run; under torchrun a node joins by torchrun's --nnodes "
      "MIN:MAX (docs/checkpointing.md): drop it"),
+    (["--nproc", "3", "--max-nproc", "4", "--scheme", "balanced", "--capacities",
+      "1,0.5,0.5"], {}, "--max-nproc 4 grows the run beyond --nproc 3, but --capacities gives "
+                        "one value per worker of --nproc; drop one of them"),
 ])
 def test_max_nproc_refusals(argv: list[str], env: dict[str, str], message: str, tmp_path: Path,
                             capsys: pytest.CaptureFixture[str],

@@ -50,10 +50,10 @@ from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError
 from subnetdp.checkpoint.reshard import HeldCheckpoint
 from subnetdp.distributed.process_group import init_group, shutdown_distributed
 from subnetdp.distributed.timeouts import naming_silent_ranks, slow_timeout
-from subnetdp.plan import Plan
+from subnetdp.plan import Plan, PlanError
 from subnetdp.train.config import TrainConfig
 
-__all__ = ["GrowAt", "Growth", "grow_worker", "grows"]
+__all__ = ["GrowAt", "Growth", "check_growth", "grow_worker", "grows"]
 
 POLL_S = 0.2  # how often a waiting joiner looks for its admission
 
@@ -65,6 +65,25 @@ class GrowAt(Exception):  # not an error: the members' way out of the loop
     def __init__(self, step: int, state: tuple[dict[str, torch.Tensor], dict[str, Any]]) -> None:
         super().__init__(f"growing after step {step}")
         self.step, self.state = step, state
+
+
+def check_growth(cfg: TrainConfig, make: Callable[[int, int], Plan]) -> None:
+    """Refuse, before any worker starts, a ``--max-nproc`` world that cannot be planned
+    (``make(world, min_holders)``: the run's plan); one line naming the cause."""
+    if cfg.max_nproc is None or cfg.max_nproc == cfg.nproc:
+        return
+    grow = f"--max-nproc {cfg.max_nproc} grows the run beyond --nproc {cfg.nproc}"
+    if cfg.plan_file:
+        raise ValueError(f"{grow}, which a --plan-file (a plan for {cfg.nproc} workers) cannot "
+                         "plan; use --coverage/--scheme, or drop --max-nproc")
+    if cfg.capacities is not None or cfg.memory_gb is not None:
+        flag = "--capacities" if cfg.capacities is not None else "--memory-gb"
+        raise ValueError(f"{grow}, but {flag} gives one value per worker of --nproc; drop one "
+                         "of them")
+    try:
+        make(cfg.max_nproc, cfg.min_holders)
+    except PlanError as e:
+        raise PlanError(f"{grow}, where its plan fails ({str(e).rstrip('.')})") from None
 
 
 def grows(cfg: TrainConfig) -> bool:
