@@ -143,6 +143,8 @@ def test_max_nproc_refusals(argv: list[str], env: dict[str, str], message: str, 
                             monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    code, err = run_cli(["train", *TINY, *argv, "--out", str(tmp_path / "run")], capsys)
+    at = TINY.index("--coverage")  # per-rank capacities replace it
+    base = TINY[:at] + TINY[at + 2:] if "--capacities" in argv else TINY
+    code, err = run_cli(["train", *base, *argv, "--out", str(tmp_path / "run")], capsys)
     assert code == 2 and clear_message(err) is not None and message in err, err
     assert not (tmp_path / "run").exists()
