@@ -2,7 +2,8 @@
 on 2 nodes (``--nnodes 2``), every unit's holders on both; node 1's two ranks are SIGKILLed
 together, from outside, while step 4 is in flight. The plan said that loss is survived without
 rollback, and it is: the 2 survivors compose a checkpoint equal, bit for bit, to an
-uninterrupted run's at that step and go on to the end, on one node."""
+uninterrupted run's at that step and go on, on one node, until the lost node's ranks, restarted
+(``--max-nproc 4``), rejoin on it ([Note: growing a run])."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from tests.faults.test_rescue_oracle import TINY, _tensors
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 
-NODES = ["--strategy", "b-sdp", "--nproc", "4", "--nnodes", "2", "--log-every", "1"]
+NODES = ["--strategy", "b-sdp", "--nproc", "4", "--nnodes", "2", "--log-every", "1", "--steps", "8"]
 LOST_NODE = 1
 
 
@@ -81,8 +82,8 @@ def test_a_lost_node_is_rescued_where_the_plan_says(
     killer.start()
     capsys.readouterr()
     try:
-        code = main(["train", *TINY, *NODES, "--min-nproc", "2", "--ckpt-every", "2",
-                     "--collective-timeout", "60", "--out", str(run)])
+        code = main(["train", *TINY, *NODES, "--min-nproc", "2", "--max-nproc", "4",
+                     "--ckpt-every", "2", "--collective-timeout", "60", "--out", str(run)])
     finally:
         stop.set()
         killer.join()
@@ -97,5 +98,7 @@ def test_a_lost_node_is_rescued_where_the_plan_says(
     assert a.keys() == b.keys()
     for k in a:  # bit for bit, in the same rank files
         assert torch.equal(a[k].view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)), k
-    final = read_manifest(step_dir(run / "checkpoints", 6))
-    assert final["world"] == 2 and final["config"]["nnodes"] == 1  # node 1 is gone
+    # the 2 survivors went on on node 0; the lost node's ranks, restarted, rejoined on node 1
+    final = read_manifest(step_dir(run / "checkpoints", 8))
+    assert final["world"] == 4 and final["config"]["nnodes"] == 2, final["config"]
+    assert any("grew to 4 workers" in p.read_text() for p in (run / "logs").rglob("stdout.log"))

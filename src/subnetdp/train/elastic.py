@@ -86,16 +86,17 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
     shrunk group re-plans for its world: ``fn`` then gets the config alone); ``holders``:
     ``shrink_holders``' answer. Returns the last attempt's ``{rank: result}``."""
     armed = os.environ.get(faults.ENV)
+    nodes = cfg.nnodes  # the emulated machines: joiners replace a lost node's ranks
     try:
         while True:
             args = (cfg.to_dict(),) if plan is None else (cfg.to_dict(), plan)
+            procs = max(cfg.nproc, cfg.max_nproc or 0)
             if not under_launcher():  # an earlier group's contributions never mix in
                 clear_rescue(cfg.out)
             try:
                 # --max-nproc: the workers beyond --nproc join at a step boundary (grow.py)
-                return launch(emulate_nodes(fn, cfg.nnodes), args,
-                              nproc=max(cfg.nproc, cfg.max_nproc or 0),
-                              run_id=run_id, max_restarts=cfg.max_restarts,
+                return launch(emulate_nodes(fn, nodes if procs > cfg.nproc else cfg.nnodes),
+                              args, nproc=procs, run_id=run_id, max_restarts=cfg.max_restarts,
                               start_method=start_method, **launch_kw)
             except WorkerFailedError as e:
                 os.environ[faults.ENV] = ""  # an injected fault fires once per run

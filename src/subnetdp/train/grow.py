@@ -160,7 +160,9 @@ def grow_worker(cfg: TrainConfig, plan: Plan | None, run: Run) -> dict[str, Any]
             print(f"grew to {world} workers after step {held.manifest['step']}: the joiners "
                   "received their state from the holders (no checkpoint read, no step "
                   "replayed)", flush=True)
-        grown = dataclasses.replace(cfg, nproc=world, reshard=True)
+        # the launch's nodes (torchrun's variables: [Note: emulated nodes]), the joiners' too
+        nnodes = min(world, int(os.environ.get("GROUP_WORLD_SIZE", "1")))
+        grown = dataclasses.replace(cfg, nproc=world, reshard=True, nnodes=nnodes)
         with naming_silent_ranks(rank, world):
             return run(grown, rank, world, None, held=held)
     except RunStoppedError as e:  # as train_worker: every rank stopped at the same step
