@@ -7,7 +7,8 @@ node it would be on: contiguous blocks of ranks (``plan.nodes.node_of``, the map
 ``bench/netem.py``'s ``--nodes`` use), in the variables torchrun sets. ``LOCAL_RANK`` stays
 the worker's index on this machine (its CUDA device). The plan spreads holders over these
 nodes ([Note: holders across nodes] in plan/nodes.py), and a test that kills one node's ranks
-rehearses the loss of a machine.
+rehearses the loss of a machine. With ``--max-nproc`` the launcher keeps emulating the run's
+nodes after a loss: the restarted workers that rejoin fill the lost node again.
 """
 
 from __future__ import annotations
