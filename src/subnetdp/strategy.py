@@ -8,6 +8,9 @@ A strategy is a *level* (what a unit is: ``none`` = no subnetworks, ``block`` = 
 blocks, ``neuron`` = neuron groups of every layer pair) and a *masking* (``forward``: a worker
 runs only what it holds; ``backward``: it runs the full model but trains only what it holds).
 A new strategy is one row of ``STRATEGIES``; a new baseline one entry of ``Composition``.
+Callers ask the row what it means (``splits_layers``, ``fsdp_keeps_gathered``,
+``balanceable``, ...), never which level it is, so that a new level changes this table and
+the module that builds its units.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ class Strategy:
     level: Level
     masking: Masking
     help: str
+    # the compositions ``plan cluster`` tries it with ("" = alone; ``advisor_options``)
+    advised: tuple[str, ...] = ()
+    # trained by the convergence study (``study.convergence``; nb-sdp: the quality study only)
+    long_study: bool = False
 
     @property
     def is_sdp(self) -> bool:
@@ -84,18 +91,28 @@ class Strategy:
         return "keep" if self.neuron_level and self.masking == "forward" else "none"
 
     @property
+    def flop_scaled(self) -> bool:
+        """Its forward runs only what a worker holds (about C of DDP's FLOPs per step), so the
+        paper's FLOP-matched comparison gives it ``matched_steps`` for DDP's S."""
+        return self.masking == "forward"
+
+    @property
     def cost_masking(self) -> str:
         """The plan's cost model (``plan.worker_bytes``): what a worker stores and runs."""
         return "backward" if self.backward_masked else "forward"
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("ddp", "none", "none", "the full model on every worker (torch DDP)"),
-    Strategy("b-sdp", "block", "forward", "a subset of the blocks, forward and backward"),
+    Strategy("ddp", "none", "none", "the full model on every worker (torch DDP)",
+             long_study=True),
+    Strategy("b-sdp", "block", "forward", "a subset of the blocks, forward and backward",
+             advised=("", "+ac", "+fsdp", "+fsdp+ac", "+zero1", "+zero2"), long_study=True),
     Strategy("n-sdp", "neuron", "forward",
-             "a subset of the neuron groups of every layer pair, physically narrower layers"),
+             "a subset of the neuron groups of every layer pair, physically narrower layers",
+             advised=("", "+fsdp"), long_study=True),
     Strategy("bb-sdp", "block", "backward",
-             "the full model forward; gradients and optimizer state only for held blocks"),
+             "the full model forward; gradients and optimizer state only for held blocks",
+             advised=("", "+fsdp"), long_study=True),
     Strategy("nb-sdp", "neuron", "backward", "as bb-sdp, at neuron level"),
 )}
 NAMES = tuple(STRATEGIES)
@@ -110,6 +127,12 @@ DTYPES = ("fp32", "bf16-mixed", "bf16")
 MASTER_BYTES = {"fp32": 4, "bf16-mixed": 4, "bf16": 2}
 REDUCE_DTYPES = ("fp32", "bf16")
 OUTPUT_SCALINGS = ("none", "keep")
+
+
+def matched_steps(steps: int, coverage: float) -> int:
+    """Steps of a ``flop_scaled`` method at ``coverage`` for the progress of DDP's ``steps``
+    under the paper's FLOP-matched convention: round(S / C)."""
+    return round(steps / coverage)
 
 
 def get_strategy(name: str | Strategy) -> Strategy:
@@ -219,6 +242,13 @@ BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")
 ZERO_BASELINES = ("ddp+zero1", "ddp+zero2")
 
 
+def advisor_options() -> tuple[str, ...]:
+    """What ``plan cluster`` tries by default, as ``parse_label`` reads it: every baseline,
+    then each strategy's ``advised`` compositions, in table order."""
+    return (*BASELINES, *ZERO_BASELINES,
+            *(s.name + comp for s in STRATEGIES.values() if s.is_sdp for comp in s.advised))
+
+
 def parse_label(text: str) -> tuple[Strategy, Composition]:
     """The inverse of ``label`` for names without coverage: ``fsdp+ac`` is ddp with FSDP and
     activation checkpointing, ``b-sdp+fsdp`` is b-sdp composed with FSDP."""
@@ -285,7 +315,9 @@ class PlanSpec:
     ``scheme`` at ``coverage`` (``capacities``: per-rank shares, a balanced plan instead of
     ``coverage``), balancing ``balance`` (``plan.objectives``), every unit held by at least
     ``min_holders``; n-sdp splits each layer pair into ``neuron_groups`` groups of the pair
-    kinds ``neuron_kinds`` (None: defaults), ``rotate`` rotating the window by layer."""
+    kinds ``neuron_kinds`` (None: defaults), ``rotate`` rotating the window by layer; over
+    ``nnodes`` nodes, ``spread_nodes`` puts each unit's holders on two or more nodes
+    ([Note: holders across nodes] in plan/nodes.py)."""
 
     coverage: float = 1.0
     scheme: str = "spread"
@@ -298,6 +330,8 @@ class PlanSpec:
     rotate: bool = False
     plan_file: str | None = None
     seed: int = 0
+    nnodes: int = 1
+    spread_nodes: bool = True
 
     @classmethod
     def of(cls, source: Any) -> PlanSpec:
@@ -311,6 +345,13 @@ class PlanSpec:
     def balanced(self) -> bool:
         """Per-rank capacities are always a balanced plan."""
         return self.capacities is not None or self.scheme == "balanced"
+
+    @property
+    def spreads_nodes(self) -> bool:
+        """Holders are spread over nodes: on by default with several nodes and a second
+        holder asked for (``--min-holders 2``); a plan file is taken as written."""
+        return (self.spread_nodes and self.nnodes > 1 and self.min_holders >= 2
+                and self.plan_file is None and len(set(self.capacities or (1.0,))) == 1)
 
     @property
     def plan_coverage(self) -> float:

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "list)")
     p.add_argument("--mfu", type=float, help="model FLOP/s utilisation (default: the device "
                                              "table's)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="gpu=cpu: the rate of a python -m subnetdp.estimate.calibrate --out "
+                        "FILE record (default: calibrate now, a few seconds)")
     p.add_argument("--no-overlap", action="store_true",
                    help="put every collective on the critical path (default: buckets overlap "
                         "backward, FSDP prefetches)")
@@ -47,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     """The advisor's table per cluster."""
     from subnetdp.estimate.advisor import OPTIONS, advise, format_advice, left_out
     from subnetdp.estimate.cluster import parse_cluster
+    from subnetdp.estimate.rates import advisor_rate
 
     try:
         clusters = [parse_cluster(text) for text in args.cluster]
@@ -61,26 +65,27 @@ def run(args: argparse.Namespace) -> int:
         if args.peak_tflops is not None and args.peak_tflops <= 0:
             raise ValueError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
         device = clusters[0].device
-        peak = args.peak_tflops * 1e12 if args.peak_tflops else device.peak(args.dtype)
-        mfu = args.mfu if args.mfu is not None else device.mfu
         memory_gb = args.memory_gb if args.memory_gb is not None else device.memory_gb
         base = search_base(args, clusters[0].world, comm_mb)
         options = tuple(args.strategies) if args.strategies else OPTIONS
         coverages = tuple(args.coverage)
-        tables = advise(base, clusters, memory_gb=memory_gb, rate=peak * mfu,
+        rate = advisor_rate(base, clusters[0], mfu=args.mfu, peak_tflops=args.peak_tflops,
+                            calibration=args.calibration)
+        tables = advise(base, clusters, memory_gb=memory_gb, rate=rate,
                         coverages=coverages, options=options, overlap=not args.no_overlap)
         skipped = left_out(base, clusters[0].world, coverages, options)
     except ValueError as e:
         print(f"subnetdp plan: error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([{"cluster": c.describe(), "peak_flops": peak, "mfu": mfu,
+        print(json.dumps([{"cluster": c.describe(), "rate_flops": rate.flops,
+                           "rate_source": rate.source, "rate_assumed": rate.assumed,
                            "memory_gb": memory_gb, "not_estimated": skipped,
                            "rows": [a.to_dict() for a in rows]}
                           for c, rows in zip(clusters, tables, strict=True)]))
         return 0
-    print("\n\n".join(format_advice(rows, c, base, memory_gb=memory_gb, rate=peak * mfu,
-                                    mfu=mfu, peak=peak, overlap=not args.no_overlap,
-                                    skipped=skipped)
+    print("\n\n".join(format_advice(rows, c, base, memory_gb=memory_gb, rate=rate,
+                                    overlap=not args.no_overlap, skipped=skipped,
+                                    memory_given=args.memory_gb is not None)
                        for c, rows in zip(clusters, tables, strict=True)))
     return 0

@@ -3,6 +3,8 @@ on a lost worker (the report itself is ``plan.report.plan_report``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def _bar(x: float, width: int = 20) -> str:
     n = round(max(0.0, min(1.0, x)) * width)
@@ -63,7 +65,18 @@ def format_table(rep: dict) -> str:
             f"{rep['param_coverage'][i]:>9.3f}  {mb:>10.3f}"
         )
     lines.append(_rescue_line(rep))
+    lines += [_node_line(n) for n in rep.get("nodes", [])]
     return "\n".join(lines)
+
+
+def _node_line(n: dict[str, Any]) -> str:
+    """One node's blast radius ([Note: holders across nodes] in plan/nodes.py)."""
+    head = f"node {n['node']} (ranks {_ranges(n['ranks'])}): its loss takes "
+    head += f"unit(s) {_ranges(n['lost_units'])}" if n["lost_units"] else "no unit"
+    if n["rollback"] is None:
+        return head + (f"; survives without rollback ({n['survivors']} workers go on from the "
+                       "step in flight; not with --zero/--fsdp)")
+    return head + f"; rollback to the newest checkpoint ({n['rollback']})"
 
 
 def _rescue_line(rep: dict) -> str:

@@ -24,6 +24,7 @@ from subnetdp.commands.options import Container, add_alias, add_declared
 from subnetdp.commands.plan_format import format_costs, format_table
 from subnetdp.plan import Plan, PlanError, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
+from subnetdp.plan.nodes import check_nnodes, node_report, spread_over_nodes
 from subnetdp.plan.report import plan_report
 from subnetdp.plan.schedule import ADJACENT, PREFETCH, ScheduleError, plan_schedules
 from subnetdp.plan.schedule import check as check_schedule
@@ -34,7 +35,8 @@ from subnetdp.strategy import MASTER_BYTES, SDP_NAMES, PlanSpec, Strategy, get_s
 # the run options a plan is made from (train.options), each as train spells it
 OPTIONS = ("nproc", "min_nproc", "recipe", "coverage", "scheme", "balance", "min_holders",
            "max_groups", "capacities", "seed", "strategy", "neuron_groups", "neuron_kinds",
-           "rotate", "plan_file", "dtype", "fsdp", "batch_size", "seq_len")
+           "rotate", "plan_file", "dtype", "fsdp", "batch_size", "seq_len", "nnodes",
+           "spread_nodes")
 # plan takes SDP strategies only (ddp has no plan)
 SDP_ONLY = {"strategy": {"choices": SDP_NAMES, "default": "b-sdp"}}
 
@@ -81,7 +83,8 @@ def _plan_spec(args: argparse.Namespace, capacities: list[float] | None) -> Plan
                     capacities=None if capacities is None else tuple(capacities),
                     min_holders=args.min_holders, max_groups=args.max_groups,
                     neuron_groups=args.neuron_groups,
-                    neuron_kinds=args.neuron_kinds, rotate=args.rotate, seed=args.seed)
+                    neuron_kinds=args.neuron_kinds, rotate=args.rotate, seed=args.seed,
+                    nnodes=args.nnodes or 1, spread_nodes=args.spread_nodes is not False)
 
 
 def _recipe_plan(args: argparse.Namespace, strategy: Strategy, spec: PlanSpec,
@@ -140,10 +143,12 @@ def plan_from_args(args: argparse.Namespace, strategy: Strategy,
     if args.recipe is not None:
         return _recipe_plan(args, strategy, spec, costs), args.recipe
     # --units: equal units of size 1, pure maths (no model, no torch)
-    return make_plan(world=args.nproc, units=args.units, coverage=spec.plan_coverage,
+    plan = make_plan(world=args.nproc, units=args.units, coverage=spec.plan_coverage,
                      scheme="balanced" if spec.balanced else spec.scheme, seed=spec.seed,
                      shared_size=args.shared_size, capacities=capacities,
-                     min_holders=spec.min_holders, max_groups=spec.max_groups), None
+                     min_holders=spec.min_holders, max_groups=spec.max_groups)
+    nodes = min(spec.nnodes, plan.world)  # a smaller world the run may shrink to
+    return (spread_over_nodes(plan, nodes) if spec.spreads_nodes else plan), None
 
 
 def _capacities(caps: list[float] | None, world: int) -> list[float] | None:
@@ -178,6 +183,19 @@ def _shrink(args: argparse.Namespace, strategy: Strategy, costs: Callable[[], An
     return {**out, "min_holders": {str(r.world): r.min_holders for r in steps}}
 
 
+def _nodes(args: argparse.Namespace, plan: Plan, shrink: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-node blast radius of ``plan`` on --nnodes nodes (none on one node)."""
+    if not args.nnodes or args.nnodes == 1:
+        return []
+    check_nnodes(args.nnodes, plan.world)
+    refused = "refused" in shrink
+    nodes = node_report(plan, args.nnodes, shrink["min_nproc"] if shrink["given"] else None)
+    for n in nodes:
+        if refused and not n["lost_units"]:
+            n["rollback"] = "an elastic run is refused at its start, above"
+    return nodes
+
+
 def _error(message: str) -> int:
     print(f"subnetdp plan: error: {message}", file=sys.stderr)
     return 2
@@ -209,8 +227,13 @@ def run(args: argparse.Namespace) -> int:
                       balance=args.balance if plan.scheme == "balanced" else None)
     rep["shrink"] = _shrink(args, strategy, recipe_costs, plan.world)
     rep["min_holders"] = args.min_holders
+    try:
+        rep["nodes"] = _nodes(args, plan, rep["shrink"])
+    except PlanError as e:
+        return _error(str(e))
     if args.check_schedule:
-        schedules = plan_schedules(plan, fsdp=args.fsdp, neuron_level=strategy.splits_layers,
+        schedules = plan_schedules(plan, fsdp=args.fsdp,
+                                   keep_gathered=strategy.fsdp_keeps_gathered,
                                    backward_masked=strategy.backward_masked,
                                    prefetch=args.prefetch)
         try:

@@ -23,8 +23,8 @@ less (``benchmarks/gpu_check.sh`` measures it per extra group), give that figure
 
 ``plan --memory-gb`` and ``train --memory-gb`` count them alike (``comm_mem_mb``): the value
 given, else ``DEFAULT_COMM_MB`` where the collectives are NCCL's (``plan``, which plans for
-GPUs; ``plan --cluster`` on GPUs; a ``train`` run on CUDA) and 0 where they are gloo's (a
-``train`` run on CPUs, ``plan --cluster`` with ``gpu=cpu``: gloo allocates no device buffers).
+GPUs; ``plan cluster`` on GPUs; a ``train`` run on CUDA) and 0 where they are gloo's (a
+``train`` run on CPUs, ``plan cluster`` with ``gpu=cpu``: gloo allocates no device buffers).
 
 Split communicators: the runtime creates the world communicator eagerly and every holder
 group as an ``ncclCommSplit`` of it ([Note: split communicators] in
@@ -89,12 +89,15 @@ def describe_communicators(backend: str, comm_mem_mb: float, shared: bool) -> st
         return f"{backend} ring collectives: no communicator memory"
     if comm_mem_mb == 0:
         return "NCCL ring collectives, communicators not counted (--comm-mem-mb 0)"
+    # the default size is derived from NCCL's buffer settings, not measured: assumed
+    mark = ", assumed" if comm_mem_mb == DEFAULT_COMM_MB else ""
     if not shared:
-        return (f"NCCL ring collectives, {comm_mem_mb:g} MiB per communicator (holder groups split "
-                f"from the world one with separate buffers: {SPLIT_SHARE_VAR} unset)")
-    return (f"NCCL ring collectives, {comm_mem_mb:g} MiB for the world communicator + "
-            f"{min(comm_mem_mb, SHARED_CHILD_MB):g} per holder group ({SPLIT_SHARE_VAR}=1: "
-            "split with shared resources)")
+        return (f"NCCL ring collectives, {comm_mem_mb:g} MiB per communicator{mark} (holder "
+                f"groups split from the world one with separate buffers: {SPLIT_SHARE_VAR} "
+                "unset)")
+    return (f"NCCL ring collectives, {comm_mem_mb:g} MiB for the world communicator{mark} + "
+            f"{min(comm_mem_mb, SHARED_CHILD_MB):g} per holder group (an assumed upper bound; "
+            f"{SPLIT_SHARE_VAR}=1: split with shared resources)")
 
 
 def check_comm_mem_mb(mb: float) -> None:

@@ -145,16 +145,17 @@ def reducer_schedule(
 
 
 def plan_schedules(
-    plan: Plan, *, fsdp: bool, neuron_level: bool = False, backward_masked: bool = False,
+    plan: Plan, *, fsdp: bool, keep_gathered: bool = False, backward_masked: bool = False,
     prefetch: str = ADJACENT,
 ) -> dict[int, list[Op]]:
     """Every rank's collectives for a plan and composition without the model (``subnetdp plan
-    --check-schedule``): FSDP modules one per unit in unit order (n-sdp: kept gathered, no
-    prefetch); the reducer's buckets one per unit in reverse unit order, then the shared
-    parameters (the runtime checks its real modules and buckets when it wraps)."""
+    --check-schedule``): FSDP modules one per unit in unit order (``keep_gathered``: the
+    strategy's ``fsdp_keeps_gathered``, no prefetch); the reducer's buckets one per unit in
+    reverse unit order, then the shared parameters (the runtime checks its real modules and
+    buckets when it wraps)."""
     if fsdp:
-        return {r: fsdp_schedule(plan, r, prefetch=OFF if neuron_level else prefetch,
-                                 reshard_after_forward=not neuron_level,
+        return {r: fsdp_schedule(plan, r, prefetch=OFF if keep_gathered else prefetch,
+                                 reshard_after_forward=not keep_gathered,
                                  refresh=backward_masked) for r in range(plan.world)}
     names = [u.name for u in plan.units]
     buckets = [(plan.holders(u), names[u]) for u in reversed(range(plan.num_units))]

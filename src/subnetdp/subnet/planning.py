@@ -14,6 +14,7 @@ from torch import nn
 
 from subnetdp.plan import Plan, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
+from subnetdp.plan.nodes import spread_over_nodes
 from subnetdp.strategy import PlanSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.neurons import make_neuron_plan
@@ -28,6 +29,18 @@ def build_plan(
     model: nn.Module, adapter: UnitAdapter, strategy: Strategy, spec: PlanSpec, *, world: int,
     costs: CostsFn | None = None,
 ) -> Plan:
+    """The plan ``spec`` describes for ``world`` workers (``_scheme_plan``), its holders spread
+    over ``spec.nnodes`` nodes when ``spec.spreads_nodes`` ([Note: holders across nodes])."""
+    plan = _scheme_plan(model, adapter, strategy, spec, world=world, costs=costs)
+    if not spec.spreads_nodes:
+        return plan
+    return spread_over_nodes(plan, min(spec.nnodes, world))
+
+
+def _scheme_plan(
+    model: nn.Module, adapter: UnitAdapter, strategy: Strategy, spec: PlanSpec, *, world: int,
+    costs: CostsFn | None = None,
+) -> Plan:
     """The plan ``spec`` describes for ``world`` workers (``ddp``: everyone holds every block,
     so the reports of every strategy read one plan shape). ``model`` may be on the meta
     device. A balanced plan balances ``costs(spec.balance)`` (default, and for
@@ -35,7 +48,7 @@ def build_plan(
     if spec.plan_file is not None:
         units, shared = describe_units(model, adapter)  # a bare matrix's columns
         return read_plan_file(spec.plan_file, units=units, shared_size=shared, world=world)
-    if strategy.neuron_level:
+    if strategy.splits_layers:
         if spec.balanced:
             raise ValueError("--scheme balanced is for block units; a layer's neuron groups "
                              "are equal, so spread already balances n-sdp/nb-sdp")

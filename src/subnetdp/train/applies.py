@@ -89,6 +89,7 @@ WHEN: dict[str, Callable[[TrainOptions], bool]] = {
     # the plan
     "coverage": lambda c: _held_plan(c) and c.capacities is None and c.memory_gb is None,
     "scheme": _held_plan,
+    "spread_nodes": _held_plan,
     "balance": lambda c: _held_plan(c) and (
         c.scheme == "balanced" or c.capacities is not None or c.memory_gb is not None),
     "min_holders": _held_plan,

@@ -62,6 +62,7 @@ class TrainConfig(TrainOptions):
             check_comm_mem_mb(self.comm_mem_mb)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
+        _check_machines(self)
         if self.max_groups is not None and (
                 self.max_groups < 1 or self.plan_spec.balanced or self.memory_gb is not None
                 or strategy.splits_layers):
@@ -215,6 +216,16 @@ def config_keys() -> frozenset[str]:
     """The fields of ``TrainConfig``: all that a checkpoint's recorded config may hold
     (``checkpoint.files.read_manifest``)."""
     return frozenset(f.name for f in declared())
+
+
+def _check_machines(cfg: TrainConfig) -> None:
+    """What ``TrainConfig.validate`` checks of --nnodes (plan/nodes.py) and --max-nproc
+    (train/grow.py)."""
+    if cfg.max_nproc is not None and cfg.max_nproc < cfg.nproc:
+        raise ValueError(f"--max-nproc must be >= --nproc ({cfg.nproc}), got {cfg.max_nproc}")
+    if not 1 <= cfg.nnodes <= cfg.nproc:
+        raise ValueError(f"--nnodes must be between 1 and --nproc ({cfg.nproc}), got "
+                         f"{cfg.nnodes}")
 
 
 def _check_hetero(cfg: TrainConfig) -> None:

@@ -340,6 +340,18 @@ class TrainOptions:
         300.0, "faults", "stop the run when a collective waits S seconds for a peer, naming "
         "the rank that hung (also bounds worker start-up; evaluation and checkpoint writes "
         "get longer; at most 604800: a week)", metavar="S", on_resume="change")
+    max_nproc: int | None = option(
+        None, "faults", "grow back: start M workers, those beyond --nproc joining at a step "
+        "boundary with their state from the holders; after an elastic shrink a lost worker is "
+        "restarted and rejoins", metavar="M", on_resume="change", default_note="never grow")
+    nnodes: int = option(
+        1, "faults", "the workers run on K nodes, contiguous ranks each (train: the local "
+        "launcher emulates them; under torchrun, torchrun's nodes count instead); with "
+        "--min-holders 2 each unit's holders span >= 2 nodes", metavar="K", commands=_TP,
+        on_resume="reshard")
+    spread_nodes: bool = option(
+        True, "plan", "keep the scheme's rank order: holders may share a node", commands=_TP,
+        on_resume="reshard", where=_HELD_PLAN)
     # -- run folder and launch
     nproc: int = option(
         1, "launch", "worker processes (train: local ones, 4 unless given; ignored under "

@@ -55,6 +55,7 @@ import torch.distributed as dist
 from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError
 from subnetdp.checkpoint.rescue import rescue_attempt_dir
 from subnetdp.distributed import faults
+from subnetdp.train.grow import GrowAt
 
 __all__ = ["StepCommit", "rescue_blocker", "rescue_enabled", "save_rescue", "unreached_phase"]
 
@@ -120,9 +121,10 @@ def save_rescue(commit: StepCommit, ckpt: Checkpointer, opt: torch.optim.Optimiz
     try:
         yield
     except BaseException as e:
-        # the run's own agreed stop, Ctrl-C and an injected crash of this rank save nothing
+        # the run's own agreed stop, Ctrl-C, an injected crash of this rank and a growth
+        # ([Note: growing a run], train/grow.py) save nothing
         if commit.enabled and not isinstance(e, RunStoppedError | KeyboardInterrupt
-                                             | faults.InjectedFault):
+                                             | faults.InjectedFault | GrowAt):
             _save(commit, ckpt, opt, sched, out)
         raise
 
