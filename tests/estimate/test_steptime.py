@@ -261,7 +261,7 @@ def test_assumed_numbers_are_marked(capsys: pytest.CaptureFixture[str], gpu: str
     """Each number that no measurement of this device produced says "assumed": the MFU of a
     GPU that was not measured (the H200's was: benchmarks/results/gpu_h200/mfu.md), the
     default links and latencies, NCCL's default communicator size; a measured MFU does not."""
-    assert main(["plan", "--recipe", "llama-tiny", "--cluster",
+    assert main(["plan", "cluster", "--recipe", "llama-tiny", "--cluster",
                  f"nodes=2,gpus-per-node=2,gpu={gpu},inter=10gbit", "--batch-size", "2",
                  "--seq-len", "32", "--strategies", "ddp", "--dtype", "bf16-mixed"]) == 0
     out = capsys.readouterr().out
@@ -269,7 +269,7 @@ def test_assumed_numbers_are_marked(capsys: pytest.CaptureFixture[str], gpu: str
     assert ("assumed: peak" in out) == assumed
     assert "per rank, assumed (latency 5 us, assumed)" in out
     assert "(latency 10 us, assumed)" in out and "636 MiB per communicator, assumed" in out
-    assert main(["plan", "--recipe", "llama-tiny", "--cluster",
+    assert main(["plan", "cluster", "--recipe", "llama-tiny", "--cluster",
                  f"nodes=2,gpus-per-node=2,gpu={gpu},inter=10gbit,intra=100GB/s,"
                  "intra-latency=2us,inter-latency=3us", "--batch-size", "2", "--seq-len", "32",
                  "--strategies", "ddp", "--dtype", "bf16-mixed", "--comm-mem-mb", "100"]) == 0
@@ -359,7 +359,7 @@ def test_advisor_leaves_out_neuron_plans_of_huge_worlds(
 
 def test_calibration_file_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m subnetdp.estimate.calibrate --out FILE`` writes a record whose measured
-    model FLOP/s ``plan --cluster ...gpu=cpu --calibration FILE`` runs at and names; a file
+    model FLOP/s ``plan cluster ...gpu=cpu --calibration FILE`` runs at and names; a file
     that is not one is a one-line error naming it."""
     from subnetdp.estimate.calibrate import main as calibrate_main
     from subnetdp.estimate.rates import read_calibration
@@ -369,7 +369,7 @@ def test_calibration_file_round_trip(tmp_path: Path, capsys: pytest.CaptureFixtu
                            "8", "--matmul-seconds", "0.1", "--out", str(out)]) == 0
     record = read_calibration(out)
     assert record["model_flops"] > 0 and record["nproc"] == 1
-    argv = ["plan", "--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32",
+    argv = ["plan", "cluster", "--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32",
             "--cluster", "nodes=1,gpus-per-node=2,gpu=cpu", "--strategies", "ddp",
             "--calibration", str(out), "--json"]
     capsys.readouterr()

@@ -345,7 +345,7 @@ class TrainOptions:
         "boundary with their state from the holders; after an elastic shrink a lost worker is "
         "restarted and rejoins", metavar="M", on_resume="change", default_note="never grow")
     nnodes: int = option(
-        1, "faults", "the workers run on K nodes, contiguous ranks each (train: the local "
+        1, "plan", "the workers run on K nodes, contiguous ranks each (train: the local "
         "launcher emulates them; under torchrun, torchrun's nodes count instead); with "
         "--min-holders 2 each unit's holders span >= 2 nodes", metavar="K", commands=_TP,
         on_resume="reshard")
