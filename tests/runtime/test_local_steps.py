@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
+from subnetdp import parallelize
 from subnetdp.plan import make_plan, worker_bytes
-from subnetdp.runtime import SubnetDataParallel
 from subnetdp.runtime.local_steps import MOMENTUM, LocalSteps, due_fragments, fragments_of
 from subnetdp.subnet.build import build_full_model
 from subnetdp.subnet.units import describe_units
@@ -35,7 +35,7 @@ def _adamw(params: Any) -> torch.optim.Optimizer:
 
 def _case(strategy: str) -> tuple[Any, Any, Any, Any]:
     """(meta model, adapter, batch(w, step), loss) of a case."""
-    if strategy == "b-sdp":
+    if strategy != "n-sdp":
         with torch.device("meta"):
             return Toy(), TOY_ADAPTER, toy_batch, toy_loss
     from subnetdp.models import get_recipe
@@ -48,22 +48,22 @@ def _plan(strategy: str) -> Any:
         return small_plan(4, 0.5, groups=4)
     with torch.device("meta"):
         units, shared = describe_units(Toy(), TOY_ADAPTER)
-    return make_plan(world=4, units=units, coverage=0.5, shared_size=shared)
+    return make_plan(world=4, units=units, coverage=1.0 if strategy == "ddp" else 0.5,
+                     shared_size=shared)
 
 
 def _train(rank: int, world: int, strategy: str, plan: Any, fragments: int = 1,
            dtype: torch.dtype | None = None) -> dict[str, Any]:
     model, adapter, batch, loss = _case(strategy)
-    sdp = SubnetDataParallel(model, plan=plan, adapter=adapter, strategy=strategy,
-                             device="cpu", init_seed=SEED)
+    sdp = parallelize(model, adapter=adapter, strategy=strategy, plan=plan, seed=SEED)
     opt = _adamw(sdp.parameters())
     outer = LocalSteps(sdp.sync_layout(), plan, opt, sdp.comm_stats, rank=rank, every=EVERY,
                        fragments=fragments, dtype=dtype)
     out: dict[str, Any] = {"bytes": []}
     for step in range(1, STEPS + 1):
         x, y = batch(rank, step)
-        with outer.inner(sdp):
-            loss(sdp(x), y).backward()
+        with outer.inner(sdp.model):
+            loss(sdp.model(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         outer.after_step()
@@ -72,7 +72,7 @@ def _train(rank: int, world: int, strategy: str, plan: Any, fragments: int = 1,
             out["mid"] = sdp.shard_state(owned_only=False)
     out["final"] = sdp.shard_state(owned_only=False)
     out["momentum"] = sdp.shard_state(
-        {k: opt.state[p][MOMENTUM] for k, p in sdp.trainable.params.items()}, owned_only=False)
+        {k: opt.state[p][MOMENTUM] for p, k, _ in sdp.param_places()}, owned_only=False)
     return out
 
 
@@ -120,7 +120,7 @@ def _reference(strategy: str, plan: Any) -> dict[str, Any]:
             "mid": mid}
 
 
-@pytest.mark.parametrize("strategy", ["b-sdp", "n-sdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "b-sdp", "n-sdp"])
 def test_four_processes_match_the_hand_written_algorithm(strategy: str) -> None:
     plan = _plan(strategy)
     results = run_workers(_train, 4, strategy, plan)
@@ -134,7 +134,7 @@ def test_four_processes_match_the_hand_written_algorithm(strategy: str) -> None:
         # gradients never crossed workers; each sync sent the plan's per-step bytes
         analytic = worker_bytes(plan, rank).allreduce_payload
         assert res["bytes"] == [0, 0, 0, analytic] * 2
-    # holders that trained apart differ mid-window, and agree after the sync
+    # holders that trained apart differ mid-window, and agree after the sync (ddp: DiLoCo)
     shared = "norm.weight"  # the final norm: every worker holds it
     assert not torch.equal(results[0]["mid"][shared], results[1]["mid"][shared])
     assert torch.equal(results[0]["final"][shared], results[1]["final"][shared])

@@ -28,7 +28,7 @@ from subnetdp.commands.options import (
     add_strategy_argument,
     parse_model_arg,
 )
-from subnetdp.strategy import OUTPUT_SCALINGS
+from subnetdp.strategy import OUTPUT_SCALINGS, REDUCE_DTYPES
 from subnetdp.train.config import TrainConfig
 
 
@@ -108,6 +108,20 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                    help="seed of the model's initialisation, the data order and the plan")
     o.add_argument("--lr", type=float, default=None,
                    help="peak learning rate, AdamW (default: the recipe's)")
+    o.add_argument("--sync-every", type=int, default=d.sync_every, metavar="H",
+                   help="local steps (SDP x DiLoCo): each worker takes H steps alone, then "
+                        "each unit's holders average their weight changes in an outer "
+                        "Nesterov step (default 1: every step; docs/strategies.md)")
+    o.add_argument("--outer-lr", type=float, default=d.outer_lr,
+                   help="with --sync-every: the outer step's learning rate")
+    o.add_argument("--outer-momentum", type=float, default=d.outer_momentum,
+                   help="with --sync-every: the outer step's Nesterov momentum")
+    o.add_argument("--outer-dtype", default=None, choices=REDUCE_DTYPES,
+                   help="with --sync-every: the dtype the averaged weight changes travel in "
+                        "(default: the parameters')")
+    o.add_argument("--sync-fragments", type=int, default=d.sync_fragments, metavar="F",
+                   help="with --sync-every H: sync F fragments of the model at staggered "
+                        "steps, one every H/F steps (H a multiple of F; default 1)")
     o.add_argument("--warmup", type=int, default=None, metavar="STEPS",
                    help="linear learning-rate warm-up steps (default: the recipe's)")
     o.add_argument("--weight-decay", type=float, default=None,

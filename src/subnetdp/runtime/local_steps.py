@@ -25,6 +25,9 @@ Streaming (``fragments`` F, Streaming DiLoCo): the pieces in reduction order are
 runs of about equal bytes; fragment f syncs at the steps s with s = (f + 1) * H / F (mod H), so
 the links carry a 1/F share every H/F steps instead of everything every H steps.
 
+The last step of a run syncs every fragment, whatever the window: the model a run ends with
+(evaluated, exported, resumed with more ``--steps``) is then its holders' common one.
+
 Bytes are counted per collective into the rank's ``CommStats`` as the reducer counts its
 buckets, at the wire dtype (``dtype``: the parameters' own, or bf16 for mean(d); the outer step
 itself runs in the parameters' dtype).
@@ -96,17 +99,19 @@ class LocalSteps:
 
     def __init__(
         self, layout: SyncLayout, plan: Plan, opt: torch.optim.Optimizer, stats: CommStats, *,
-        rank: int, every: int, start: int = 0, lr: float = 0.7, momentum: float = 0.9,
+        rank: int, every: int, start: int = 0, end: int | None = None, lr: float = 0.7,
+        momentum: float = 0.9,
         dtype: torch.dtype | None = None, fragments: int = 1,
         bucket_cap_bytes: int = 25 * 2**20,
     ) -> None:
-        """``every``: H; ``start``: inner steps already taken (a resume); ``dtype``: the wire
+        """``every``: H; ``start``: inner steps already taken (a resume); ``end``: the run's
+        last step (it syncs everything; None: none is last); ``dtype``: the wire
         dtype of the averaged pseudo-gradient (None: the parameters'); ``fragments``: F, a
         divisor of H."""
         if every < 1 or fragments < 1 or every % fragments:
             raise ValueError(f"the sync window ({every} steps) must be >= 1 and a multiple of "
                              f"the fragments ({fragments})")
-        self.opt, self.stats, self.step = opt, stats, start
+        self.opt, self.stats, self.step, self.end = opt, stats, start, end
         self.every, self.lr, self.momentum, self.dtype = every, lr, momentum, dtype
         where = {lp.piece.name: (p, lp) for key, p in layout.params.items()
                  for lp in layout.local[key]}
@@ -148,7 +153,8 @@ class LocalSteps:
                 state[ANCHOR], state[MOMENTUM] = self._pending.pop(id(p))
         st = self.stats
         st.last_step_bytes, st.last_step_ring_bytes, st.last_step_collectives = 0, 0.0, 0
-        due = due_fragments(self.step, self.every, len(self.fragments))
+        due = (list(range(len(self.fragments))) if self.step == self.end else
+               due_fragments(self.step, self.every, len(self.fragments)))
         for f in due:
             for b in self.fragments[f]:  # in global order on every rank
                 self._outer_step(b)

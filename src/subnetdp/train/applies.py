@@ -126,6 +126,10 @@ APPLIES: dict[str, Rule] = {
     # precision on CUDA only
     "tf32": Rule(lambda c: c.device != "cpu", "CUDA devices (not --device cpu)"),
     "max_groups": Rule(_held_plan, "SDP strategies whose plan is made from --coverage"),
+    "outer_lr": Rule(lambda c: c.sync_every > 1, "local steps (--sync-every > 1)"),
+    "outer_momentum": Rule(lambda c: c.sync_every > 1, "local steps (--sync-every > 1)"),
+    "outer_dtype": Rule(lambda c: c.sync_every > 1, "local steps (--sync-every > 1)"),
+    "sync_fragments": Rule(lambda c: c.sync_every > 1, "local steps (--sync-every > 1)"),
     "rescue": Rule(lambda c: c.min_nproc is not None, "runs that go on after a lost worker "
                    "(--min-nproc)"),
     # downstream evaluation (issue 31)
@@ -144,7 +148,7 @@ ALWAYS = frozenset({
     "grad_clip", "ckpt_every", "max_restarts", "min_nproc", "nproc", "device",
     "collective_timeout", "log_every", "progress", "eval_every", "eval_batches", "memory_step",
     "peak_tflops", "tensorboard", "wandb", "wandb_project", "out", "resume",
-    "config_version", "compile", "accept_new_data",
+    "config_version", "compile", "accept_new_data", "sync_every",
     "init_from"})
 
 

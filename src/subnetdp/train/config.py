@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.plan.objectives import DEFAULT_BALANCE, parse_balance
-from subnetdp.strategy import Composition, PlanSpec, RankSpec, Strategy, composition_of
+from subnetdp.strategy import (
+    REDUCE_DTYPES,
+    Composition,
+    PlanSpec,
+    RankSpec,
+    Strategy,
+    composition_of,
+)
 
 # The longest --collective-timeout: a week, already without practical bound. Far beyond, the
 # waits it sets (timedelta, the OS's timed waits; 6x for slow phases) overflow in the workers.
@@ -113,6 +120,14 @@ class TrainConfig:
     # ZeRO inside holder groups (runtime/zero.py): 1 shards the optimizer state over each
     # unit's holders, 2 also the reduced gradients; 0 = off
     zero: int = 0
+    # Local steps (runtime/local_steps.py, SDP x DiLoCo): H inner steps, then an outer Nesterov
+    # SGD step (lr, momentum) on pseudo-gradients averaged over holders, sent in outer_dtype
+    # (fp32 | bf16), streamed in sync_fragments staggered fragments; 1 = sync every step
+    sync_every: int = 1
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    outer_dtype: str | None = None  # None: the parameters' own
+    sync_fragments: int = 1
     # Ecosystem (issue 18): rank 0's TensorBoard / W&B sinks (metrics/tracking.py), periodic
     # validation of the assembled model every eval_every steps (0 = at the end only), the
     # device's peak for mfu(%) (None: from the CUDA device name), TF32 matmuls on CUDA; text
@@ -292,6 +307,7 @@ class TrainConfig:
             if p > 0 and strategy.is_sdp:
                 bad(f"{name} is a DDP baseline; use it with --strategy ddp")
         self._validate_composition(bad)
+        self._validate_local_steps(bad)
         self._validate_ecosystem(bad)
         if strategy.backward_masked and self.ckpt_every % self.refresh_every:
             # Between refreshes non-holders hold stale copies that no shard records, so only
@@ -337,6 +353,27 @@ class TrainConfig:
             check_available(self.eval_tasks)  # before any worker starts, not at an evaluation
         except LmEvalMissingError as e:  # an ImportError: the error boundary reads ValueError
             bad(str(e))
+
+    def _validate_local_steps(self, bad: Any) -> None:
+        """--sync-every and the outer step's options (runtime/local_steps.py)."""
+        h, f = self.sync_every, self.sync_fragments
+        if h < 1 or f < 1 or h % f:
+            bad(f"--sync-every ({h}) must be >= 1 and a multiple of --sync-fragments ({f})")
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0
+                and 0 <= self.outer_momentum < 1):
+            bad(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got "
+                f"{self.outer_lr} and {self.outer_momentum}")
+        if self.outer_dtype not in (None, *REDUCE_DTYPES):
+            bad(f"--outer-dtype must be one of {', '.join(REDUCE_DTYPES)}, got "
+                f"{self.outer_dtype!r}")
+        if h == 1:
+            return
+        for name, on in (("--zero", self.zero), ("--fsdp", self.fsdp)):
+            if on:
+                bad(f"{name} shards a unit over its holders, who train apart between syncs "
+                    f"with --sync-every {h}: drop {name}, or --sync-every")
+        if self.eval_every % h:  # the model evaluated is the holders' common one
+            bad(f"--eval-every ({self.eval_every}) must be a multiple of --sync-every ({h})")
 
     def _validate_composition(self, bad: Any) -> None:
         """What ``Composition.check`` cannot see: the run's regularisers and checkpoints."""
