@@ -23,6 +23,7 @@ from subnetdp.estimate.steptime import (
     pipelined,
     predict_step,
     rank_flops,
+    with_local_steps,
 )
 from subnetdp.models import get_recipe
 from subnetdp.subnet.costs import recipe_costs
@@ -185,6 +186,27 @@ def test_slow_link_step_is_compute_plus_bytes() -> None:
     t = predict_step(spec, _one_node(1e6, shared=True), rate=1e12)
     ring = analytic_comm(spec)[0]["comm/ring_bytes_per_step"]
     assert t.step_s == pytest.approx(t.compute_s + 4 * ring / 1e6, rel=1e-3)
+
+
+@pytest.mark.parametrize("label", ["ddp", "b-sdp"])
+def test_local_steps_amortise_the_counted_bytes(label: str) -> None:
+    """--sync-every H: each rank's bytes per step are the synchronous step's x wire / H (the
+    runs count the same: tests/runtime/test_local_steps.py), the step is compute plus the
+    whole sync / H (blocking, 4 ranks on one shared link), fragments add only latency."""
+    spec = BenchSpec(strategy=label, coverage=0.5, **TINY)  # type: ignore[arg-type]
+    cluster = _one_node(1e6, shared=True)
+    sync = predict_step(spec, cluster, rate=1e12, overlap=False)
+    t = with_local_steps(sync, spec, cluster, every=32, wire_ratio=0.5)
+    ring = [r["comm/ring_bytes_per_step"] for r in analytic_comm(spec)]
+    assert t.ring_bytes == pytest.approx([b * 0.5 / 32 for b in ring], rel=1e-12)
+    assert t.compute_s == sync.compute_s
+    assert t.step_s == pytest.approx(sync.compute_s + 4 * max(ring) * 0.5 / 32 / 1e6, rel=1e-3)
+    slow = _one_node(1e6, shared=True, alpha=1e-3)
+    whole, streamed = (with_local_steps(sync, spec, slow, every=32, fragments=f, wire_ratio=0.5)
+                       for f in (1, 4))
+    assert streamed.step_s > whole.step_s and streamed.ring_bytes == whole.ring_bytes
+    with pytest.raises(ValueError, match="multiple of the fragments"):
+        with_local_steps(sync, spec, cluster, every=6, fragments=4)
 
 
 def test_cluster_parser_and_device_table() -> None:
