@@ -77,6 +77,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("sync-zero", [*TB, "--sync-every", "4", "--zero", "1"], "drop --zero"),
     ("sync-fsdp", [*TB, "--sync-every", "4", "--fsdp"], "drop --fsdp"),
     ("sync-eval-every", [*TB, "--sync-every", "4", "--eval-every", "6"], "--eval-every"),
+    ("sync-ckpt-bb-sdp", [*T, "--strategy", "bb-sdp", "--sync-every", "4", "--ckpt-every", "2"],
+     "--sync-every x --refresh-every"),
     ("ckpt-vs-refresh", [*T, "--strategy", "bb-sdp", "--refresh-every", "2",
                          "--ckpt-every", "3"], "--refresh-every"),
     ("fsdp-baseline-ckpt", [*T, "--strategy", "ddp", "--fsdp", "--ckpt-every", "1"],

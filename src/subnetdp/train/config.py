@@ -374,6 +374,11 @@ class TrainConfig:
                     f"with --sync-every {h}: drop {name}, or --sync-every")
         if self.eval_every % h:  # the model evaluated is the holders' common one
             bad(f"--eval-every ({self.eval_every}) must be a multiple of --sync-every ({h})")
+        every = h * self.refresh_every
+        if self.strategy_value.backward_masked and self.ckpt_every % every:
+            # non-holders' copies are the owners' at a refresh, which follows a sync
+            bad(f"--ckpt-every ({self.ckpt_every}) must be a multiple of --sync-every x "
+                f"--refresh-every ({every}) under {self.strategy}")
 
     def _validate_composition(self, bad: Any) -> None:
         """What ``Composition.check`` cannot see: the run's regularisers and checkpoints."""
