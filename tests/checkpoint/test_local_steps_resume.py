@@ -1,6 +1,7 @@
 """Local steps (``--sync-every``) end to end through the CLI: a resume from a checkpoint taken
 mid-window, where a unit's holders hold different copies and inner optimizer states, continues
-bit for bit; the run's counted bytes are the plan's, once per window, in the wire dtype."""
+bit for bit; the run's counted bytes are the plan's, once per window, in the wire dtype; the
+outer state is sharded like the optimizer's, so --reshard loads it into another plan."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 import torch
 
 from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
+from subnetdp.checkpoint.reshard import PieceReader
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.plan import Plan, worker_bytes
+from subnetdp.runtime.local_steps import ANCHOR
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -57,3 +60,11 @@ def test_resume_mid_window_continues_bit_for_bit(tmp_path: Path) -> None:
     resumed = _final_state(again)
     assert resumed.keys() == final.keys()
     assert all(torch.equal(resumed[k], final[k]) for k in final)
+    # the outer state is sharded like the optimizer's: --reshard reads it for any plan (here,
+    # after the last step's sync, the weights at the last sync are the weights)
+    ckpt = list_checkpoints(run / "checkpoints")[-1]
+    anchors = PieceReader(ckpt, read_manifest(ckpt), f"optim/{ANCHOR}/")
+    params = [k for k in final if k in anchors]
+    assert params and all(torch.equal(anchors[k], final[k]) for k in params)
+    assert main(["train", "--resume", str(run / "checkpoints" / "step_00000003"), "--reshard",
+                 "--nproc", "1", "--coverage", "1"]) == 0
