@@ -200,7 +200,13 @@ def report() -> None:
         per_token = f"{r['bytes_per_token']:,.0f}" if r["bytes_per_token"] is not None else "-"
         lines.append(f"| {label} | {r['seeds']} | {loss} | {reach} | {per_token} | {mem} | "
                      f"{timed} |")
-    lines += ["", f"![loss against wall-clock]({PNG.name})", ""]
+    lines += ["", f"![loss against wall-clock]({PNG.name})", "",
+              "- bytes / token: the busiest rank's counted bytes per step over its tokens per "
+              "step; peak memory: the largest rank's, measured at step 3 (the outer state "
+              "included: it is optimizer state).",
+              "- Not run (time): the 2 x 2-node layouts at 100 and 20 Mbit/s, H = 8 and 128, "
+              "n-sdp; the runs time on a 2-core machine shared with other jobs, so compute "
+              "dominates the H = 32 steps.", ""]
     DOC.write_text("\n".join(lines) + "\n")
     _plot(rows)
 

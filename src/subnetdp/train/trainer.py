@@ -319,7 +319,8 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
         # local steps send at syncs only: their mean
         "comm_bytes_per_step": (statistics.median(step_bytes[1:] or step_bytes or [0])
                                 if outer is None else statistics.fmean(step_bytes or [0])),
-        "comm_ring_bytes_per_step": wb.allreduce_ring / cfg.sync_every,
+        "comm_ring_bytes_per_step": (wb.allreduce_ring if outer is None
+                                     else wb.allreduce_ring / cfg.sync_every),
         # counted by the reducers: per step, by collective and by process group (payload, ring)
         "comm": comm_record(comm, steps=cfg.steps - start),
         "analytic": wb.to_dict(),
