@@ -166,5 +166,4 @@ def test_fragments_cut_by_bytes_and_sync_staggered() -> None:
         [], [0], [], [1], [], [2], [], [3]]
     assert [due_fragments(s, 4, 1) for s in range(1, 9)] == [[], [], [], [0]] * 2
     with pytest.raises(ValueError, match="multiple of the fragments"):
-        LocalSteps.__init__(object.__new__(LocalSteps), None, None, None, None,  # type: ignore
-                            rank=0, every=6, fragments=4)
+        LocalSteps(None, None, None, None, rank=0, every=6, fragments=4)  # type: ignore[arg-type]
