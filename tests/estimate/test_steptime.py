@@ -251,6 +251,26 @@ def test_advisor_known_answer() -> None:
     assert [a.spec.label for a in rows if a.fastest] == ["b-sdp+fsdp (C=0.5)"]
 
 
+def test_advisor_names_the_smallest_sync_window() -> None:
+    """On a slow link every option that can take local steps gets the smallest power-of-two
+    H whose syncs take at most a tenth of the compute (half of it would not do); sharded
+    options (FSDP, ZeRO) refuse local steps and get none."""
+    cluster = parse_cluster("nodes=2,gpus-per-node=2,gpu=h100,inter=100mbit")
+    base = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
+    (rows,) = advise(base, [cluster], memory_gb=80, rate=1e10, coverages=(0.5,),
+                     options=("ddp", "b-sdp", "b-sdp+fsdp", "ddp+zero2"))
+    found = {a.spec.label: a.sync_every for a in rows}
+    assert found["b-sdp+fsdp (C=0.5)"] is None and found["ddp+zero2"] is None
+    for a in rows:
+        if a.sync_every is None:
+            continue
+        def share(h: int, a=a) -> float:
+            t = with_local_steps(a.time, a.spec, cluster, every=h)
+            return t.exposed_comm_s / t.compute_s
+        assert share(a.sync_every) <= 0.1 < share(a.sync_every // 2)
+    assert found["ddp"] >= found["b-sdp (C=0.5)"] > 1  # SDP syncs fewer bytes
+
+
 def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--recipe", "llama-tiny", "--cluster",
                  "nodes=2,gpus-per-node=2,gpu=a100,inter=10gbit", "--batch-size", "2",
@@ -259,6 +279,8 @@ def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert "MFU 0.3" in out and "a100 peak 156 TFLOP/s" in out
     assert out.count("<- fastest that fits") == 1 and "b-sdp+fsdp (C=0.5)" in out
+    assert "local steps (--sync-every H, docs/strategies.md): the smallest H whose syncs " \
+           "take at most 10% of the compute: ddp " in out
 
 
 def test_advisor_peak_counts_the_communicators() -> None:

@@ -41,7 +41,13 @@ from subnetdp.estimate.cluster import Cluster
 from subnetdp.estimate.communicators import communicator_bytes, describe_communicators
 from subnetdp.estimate.memory import analytic_state, fsdp_unit_shapes
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
-from subnetdp.estimate.steptime import StepTime, collectives, predict_step
+from subnetdp.estimate.steptime import (
+    Collective,
+    StepTime,
+    collectives,
+    predict_step,
+    with_local_steps,
+)
 from subnetdp.plan.communicators import communicators_per_rank
 from subnetdp.subnet.costs import ModelCosts, recipe_costs
 from subnetdp.subnet.neurons import default_groups, select_pairs
@@ -57,6 +63,8 @@ COVERAGES = (0.5, 0.75)
 # pairs, so about 500 ranks; llama-1b: 32 pairs, about 250): beyond it n-sdp's groups,
 # one per rank per pair, make its plan and its collectives quadratic in the world
 NEURON_PLAN_CELLS = 2_000_000
+# local steps (--sync-every): the advisor's H syncs in at most this share of a step's compute
+SYNC_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -66,11 +74,12 @@ class Advice:
     fits: bool
     time: StepTime
     fastest: bool = False
+    sync_every: int | None = None  # the smallest H of local steps (``sync_every``'s doc)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.spec.label, "coverage": self.spec.coverage,
                 "peak_GB": self.peak_bytes / GB, "fits": self.fits, "fastest": self.fastest,
-                **self.time.to_dict()}
+                "sync_every": self.sync_every, **self.time.to_dict()}
 
 
 def candidates(base: BenchSpec, coverages: tuple[float, ...] = COVERAGES,
@@ -114,16 +123,31 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
         known.append((spec, plan, collectives(spec, plan), analytic_peak(spec, costs, plan)))
     tables = []
     for cluster in clusters:
-        rows = [Advice(spec, peak, peak <= memory_gb * GB,
-                       predict_step(spec, cluster, rate=rate, backend=backend, costs=costs,
-                                    overlap=overlap, plan=plan, colls=colls))
-                for spec, plan, colls, peak in known]
+        rows = []
+        for spec, plan, colls, peak in known:
+            t = predict_step(spec, cluster, rate=rate, backend=backend, costs=costs,
+                             overlap=overlap, plan=plan, colls=colls)
+            rows.append(Advice(spec, peak, peak <= memory_gb * GB, t,
+                               sync_every=sync_every(spec, cluster, t, colls, backend)))
         fitting = [a for a in rows if a.fits]
         if fitting:
             best = min(fitting, key=lambda a: a.time.step_s)
             rows = [dataclasses.replace(a, fastest=True) if a is best else a for a in rows]
         tables.append(rows)
     return tables
+
+
+def sync_every(spec: BenchSpec, cluster: Cluster, t: StepTime, colls: list[list[Collective]],
+               backend: str) -> int | None:
+    """The smallest power-of-two H with which local steps (``--sync-every H``, fp32, whole
+    syncs: ``steptime.with_local_steps``) spend at most ``SYNC_SHARE`` of the compute of a
+    step on syncs; None where local steps are refused (FSDP, ZeRO shard over holders)."""
+    if spec.uses_fsdp or spec.composition().zero:
+        return None
+    window = with_local_steps(t, spec, cluster, every=1, backend=backend,
+                              colls=colls).exposed_comm_s
+    budget = SYNC_SHARE * t.compute_s
+    return 1 if window <= budget else 2 ** math.ceil(math.log2(window / budget))
 
 
 def too_large(spec: BenchSpec, meta: Any, recipe: Any) -> bool:
@@ -236,6 +260,10 @@ def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
                      "neuron-level plan has a group per rank in every layer pair: its plan and "
                      f"collectives grow with the square of the ranks; limit {NEURON_PLAN_CELLS:,} "
                      "plan cells)")
+    local = [f"{a.spec.label} {a.sync_every}" for a in rows if a.fits and a.sync_every]
+    if local:
+        lines.append(f"local steps (--sync-every H, docs/strategies.md): the smallest H whose "
+                     f"syncs take at most {SYNC_SHARE:.0%} of the compute: " + ", ".join(local))
     lines.append("ring MB: bytes the busiest rank sends per step (counted, estimate.comm); "
                  "comm s: exposed communication; SDP options train each block on a coverage "
                  "share of the data per step: quality is not part of this table")
