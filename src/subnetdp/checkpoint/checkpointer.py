@@ -299,10 +299,10 @@ class Checkpointer:
         self.parent = ckpt.name if ckpt.parent.resolve() == self.root.resolve() else None
         same_plan = (manifest["world"] == self.world
                      and _normalised(self.plan.to_dict()) == _normalised(manifest["plan"]))
+        if same_plan and self.holders_differ:  # each rank its own copies (another plan:
+            self._load_own_copies(ckpt, manifest)  # the owners', as for any state)
         if not same_plan:  # the old ranks' RNG streams mean nothing to the new ranks
             reseed(self.cfg.seed, step, self.rank)
-        elif self.holders_differ:
-            self._load_own_copies(ckpt, manifest)
         else:
             own = ShardReader(ckpt, [shard_name(self.rank)], "rng/")
             if "torch" in own:
