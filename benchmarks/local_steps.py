@@ -202,7 +202,7 @@ def report() -> None:
         per_token = f"{r['bytes_per_token']:,.0f}" if r["bytes_per_token"] is not None else "-"
         lines.append(f"| {label} | {r['seeds']} | {loss} | {reach} | {per_token} | {mem} | "
                      f"{timed} |")
-    lines += ["", f"![loss against wall-clock]({PNG.name})", "",
+    lines += ["", *_targets(rows), "", f"![loss against wall-clock]({PNG.name})", "",
               "- bytes / token: the busiest rank's counted bytes per step over its tokens per "
               "step; peak memory: the largest rank's, measured at step 3 (the outer state "
               "included: it is optimizer state).",
@@ -211,6 +211,27 @@ def report() -> None:
               "dominates the H = 32 steps.", ""]
     DOC.write_text("\n".join(lines) + "\n")
     _plot(rows)
+
+
+def _targets(rows: dict[str, Any]) -> list[str]:
+    """The issue's ratios, b-sdp with local steps against DDP and against DiLoCo (same H)."""
+    out = []
+    for base, h in (("ddp", 1), ("ddp", 32)):
+        a, b = rows.get(name("b-sdp", 32)), rows.get(name(base, h))
+        if not (a and b and a["val_loss"] and b["val_loss"] and a["peak_mem_gib"]):
+            continue
+        la, lb = statistics.fmean(a["val_loss"]), statistics.fmean(b["val_loss"])
+        spread = max((max(v) - min(v)) / 2 for v in (a["val_loss"], b["val_loss"]))
+        wall = " | ".join(f"wall / token {ta / tb:.3f} @ {m} Mbit/s" for m in LINKS_MBIT
+                          if (ta := a["step_s_by_link"].get(m)) and
+                          (tb := b["step_s_by_link"].get(m)))
+        out.append(f"- b-sdp H=32 against {name(base, h)}"
+                   f"{' (DiLoCo)' if h > 1 else ''}: memory / worker "
+                   f"{a['peak_mem_gib'] / b['peak_mem_gib']:.2f}, bytes / token "
+                   f"{a['bytes_per_token'] / b['bytes_per_token']:.3f}, {wall}; val loss "
+                   f"{la - lb:+.3f} ({'within' if abs(la - lb) <= spread else 'outside'} the "
+                   f"seeds' half-range {spread:.3f}).")
+    return out
 
 
 def _plot(rows: dict[str, Any]) -> None:
