@@ -116,6 +116,10 @@ NOT_APPLYING: dict[str, tuple[dict[str, Any], Any]] = {
     "tf32": ({"device": "cpu"}, False),
     "max_groups": ({"strategy": "ddp"}, 2),
     "rescue": ({}, False),
+    "outer_lr": ({}, 0.5),
+    "outer_momentum": ({}, 0.5),
+    "outer_dtype": ({}, "bf16"),
+    "sync_fragments": ({}, 2),
     "eval_tasks": ({"recipe": "resnet18-fmnist"}, ["arc_easy"]),
     "eval_limit": ({}, 8),
 }

@@ -29,6 +29,7 @@ from subnetdp.estimate.steptime import (
     pipelined,
     predict_step,
     rank_flops,
+    with_local_steps,
 )
 from subnetdp.models import get_recipe
 from subnetdp.subnet.costs import recipe_costs
@@ -193,6 +194,27 @@ def test_slow_link_step_is_compute_plus_bytes() -> None:
     assert t.step_s == pytest.approx(t.compute_s + 4 * ring / 1e6, rel=1e-3)
 
 
+@pytest.mark.parametrize("label", ["ddp", "b-sdp"])
+def test_local_steps_amortise_the_counted_bytes(label: str) -> None:
+    """--sync-every H: each rank's bytes per step are the synchronous step's x wire / H (the
+    runs count the same: tests/runtime/test_local_steps.py), the step is compute plus the
+    whole sync / H (blocking, 4 ranks on one shared link), fragments add only latency."""
+    spec = BenchSpec(strategy=label, coverage=0.5, **TINY)  # type: ignore[arg-type]
+    cluster = _one_node(1e6, shared=True)
+    sync = predict_step(spec, cluster, rate=1e12, overlap=False)
+    t = with_local_steps(sync, spec, cluster, every=32, wire_ratio=0.5)
+    ring = [r["comm/ring_bytes_per_step"] for r in analytic_comm(spec)]
+    assert t.ring_bytes == pytest.approx([b * 0.5 / 32 for b in ring], rel=1e-12)
+    assert t.compute_s == sync.compute_s
+    assert t.step_s == pytest.approx(sync.compute_s + 4 * max(ring) * 0.5 / 32 / 1e6, rel=1e-3)
+    slow = _one_node(1e6, shared=True, alpha=1e-3)
+    whole, streamed = (with_local_steps(sync, spec, slow, every=32, fragments=f, wire_ratio=0.5)
+                       for f in (1, 4))
+    assert streamed.step_s > whole.step_s and streamed.ring_bytes == whole.ring_bytes
+    with pytest.raises(ValueError, match="multiple of the fragments"):
+        with_local_steps(sync, spec, cluster, every=6, fragments=4)
+
+
 def test_cluster_parser_and_device_table() -> None:
     c = parse_cluster("nodes=4,gpus-per-node=8,gpu=h100,intra=900GB/s,inter=25gbit")
     assert (c.nodes, c.ranks_per_node, c.world, c.device.name) == (4, 8, 32, "h100")
@@ -242,6 +264,26 @@ def test_advisor_picks_at_matched_progress() -> None:
     assert [a.spec.label for a in rows if a.fastest] == ["fsdp"]
 
 
+def test_advisor_names_the_smallest_sync_window() -> None:
+    """On a slow link every option that can take local steps gets the smallest power-of-two
+    H whose syncs take at most a tenth of the compute (half of it would not do); sharded
+    options (FSDP, ZeRO) refuse local steps and get none."""
+    cluster = parse_cluster("nodes=2,gpus-per-node=2,gpu=h100,inter=100mbit")
+    base = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
+    (rows,) = advise(base, [cluster], memory_gb=80, rate=1e10, coverages=(0.5,),
+                     options=("ddp", "b-sdp", "b-sdp+fsdp", "ddp+zero2"))
+    found = {a.spec.label: a.sync_every for a in rows}
+    assert found["b-sdp+fsdp (C=0.5)"] is None and found["ddp+zero2"] is None
+    for a in rows:
+        if a.sync_every is None:
+            continue
+        def share(h: int, a=a) -> float:
+            t = with_local_steps(a.time, a.spec, cluster, every=h)
+            return t.exposed_comm_s / t.compute_s
+        assert share(a.sync_every) <= 0.1 < share(a.sync_every // 2)
+    assert found["ddp"] >= found["b-sdp (C=0.5)"] > 1  # SDP syncs fewer bytes
+
+
 def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "cluster", "--recipe", "llama-tiny", "--cluster",
                  "nodes=2,gpus-per-node=2,gpu=a100,inter=10gbit", "--batch-size", "2",
@@ -251,6 +293,8 @@ def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> No
     assert "peak 156 TFLOP/s (a100's datasheet) x MFU 0.3 (--mfu)" in out
     assert out.count("<- fastest that fits") == 1 and "b-sdp+fsdp (C=0.5)" in out
     assert "ranked at matched progress" in out.splitlines()[2]  # above the table
+    assert "local steps (--sync-every H, docs/strategies.md): the smallest H whose syncs " \
+           "take at most 10% of the compute: ddp " in out
 
 
 @pytest.mark.parametrize(("gpu", "rate", "assumed"), [

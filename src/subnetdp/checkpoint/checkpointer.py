@@ -4,9 +4,11 @@ Each rank writes what it owns (``SubnetDataParallel.shard_state``: units it owns
 entries on rank 0), the same pieces of its optimizer state, and its RNG states; rank 0 adds the
 manifest (step, world, plan, config, checksums). The data position is the step itself: batches
 are a pure function of ``(seed, rank, step)`` (``subnetdp.data.batches``), so nothing else is
-needed to continue with the same data. Under torch DDP everyone holds everything and rank 0
-writes it all. File layout and atomicity: ``ckpt_io`` ([Note: atomic checkpoints]);
-where a run starts and what a resumed run may change: ``resume``.
+needed to continue with the same data. A run whose holders differ between syncs (local steps,
+``runtime.local_steps``) also writes every rank's own copies, ``held/model/<piece>`` and
+``held/optim/<state>/<piece>``, which an exact resume gives back to that rank. Under torch DDP
+everyone holds everything and rank 0 writes it all. File layout and atomicity: ``ckpt_io``
+([Note: atomic checkpoints]); where a run starts and what a resumed run may change: ``resume``.
 
 [Note: exact resume]
 A resumed run continues bit-for-bit: parameters, buffers and optimizer tensors are restored
@@ -110,7 +112,10 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, model: RankModel, opt: torch.optim.Optimizer, sched: Any,
                  *, plan: Plan, cfg: RunOptions, rank: int, world: int,
-                 info: dict[str, Any]) -> None:
+                 info: dict[str, Any], holders_differ: bool = False) -> None:
+        """``holders_differ``: a unit's holders may hold different values and inner optimizer
+        state at a checkpoint (local steps): each rank also saves its own copies (module doc)."""
+        self.holders_differ = holders_differ
         self.root = checkpoints_root(run_dir)
         self.model, self.opt, self.sched = model, opt, sched
         self.plan, self.cfg, self.rank, self.world = plan, cfg, rank, world
@@ -138,6 +143,8 @@ class Checkpointer:
         A failure on any rank raises ``CheckpointWriteError`` on all
         ([Note: failed checkpoint writes])."""
         tensors, like, scalar = self._owned()
+        if self.holders_differ:  # local steps refuse ZeRO: the plain optimizer's state
+            tensors |= self._own_copies(self.opt.state)
         rng, rng_meta = _capture_rng()
         staging, final = staging_dir(self.root, done), step_dir(self.root, done)
         token = self._on_rank0(lambda: self._open_staging(staging), final)
@@ -186,6 +193,26 @@ class Checkpointer:
         tensors, like, scalar = self._owned()
         return ({k: v.detach().to("cpu", copy=True) for k, v in tensors.items()},
                 self._manifest(done, {}, like, scalar))
+
+    def _own_copies(self, state: Mapping[Any, Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        """Every piece this rank holds and its optimizer state, as this rank has them."""
+        held = _Held(self.shards)
+        optim, _, _ = _optimizer_pieces(state, self.opt_params, self.local, held)
+        return {**{f"held/model/{k}": v for k, v in held.shard_state().items()},
+                **{f"held/{k}": v for k, v in optim.items() if k.startswith("optim/")}}
+
+    def _load_own_copies(self, ckpt: Path, manifest: dict[str, Any]) -> None:
+        """An exact resume of a run whose holders differ: this rank's own copies."""
+        own = [shard_name(self.rank)]
+        weights = ShardReader(ckpt, own, "held/model/")
+        if not weights:  # a rescued checkpoint: the survivors' copies are the values there are
+            return
+        self.shards.load_shard_state(weights)
+        for k in manifest["optimizer"]["like_states"]:
+            into = {key: torch.empty_like(self.local[key]) for _, key, _ in self.opt_params}
+            self.shards.load_shard_state(ShardReader(ckpt, own, f"held/optim/{k}/"), into=into)
+            for p, key, where in self.opt_params:
+                self.opt.state[p][k] = _region(into[key], where, p).clone()
 
     def _check_folder(self) -> None:
         """Raise ``OSError`` if the run folder is no longer the one this run started in."""
@@ -278,6 +305,8 @@ class Checkpointer:
         self.parent = ckpt.name if ckpt.parent.resolve() == self.root.resolve() else None
         same_plan = (manifest["world"] == self.world
                      and _normalised(self.plan.to_dict()) == _normalised(manifest["plan"]))
+        if same_plan and self.holders_differ:  # each rank its own copies (another plan:
+            self._load_own_copies(ckpt, manifest)  # the owners', as for any state)
         if not same_plan:  # the old ranks' RNG streams mean nothing to the new ranks
             reseed(self.cfg.seed, step, self.rank)
         else:

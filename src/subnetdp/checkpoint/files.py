@@ -11,8 +11,10 @@ Layout of one checkpoint (``<run>/checkpoints/step_00000040/``)::
 
 Tensor names inside a rank file: ``model/<piece>``, ``optim/<state>/<piece>`` (state tensors
 shaped like their parameter, e.g. ``exp_avg``), ``optim_scalar/<state>/<key>`` (e.g. ``step``)
-and ``rng/<generator>``. A *piece* is a full-model state key, or ``key@dim:start:stop`` for a
-slice of it (see ``SubnetDataParallel.shard_state``).
+and ``rng/<generator>``; a run whose holders differ between syncs (local steps) adds this
+rank's own copies, ``held/model/<piece>`` and ``held/optim/<state>/<piece>``. A *piece* is a
+full-model state key, or ``key@dim:start:stop`` for a slice of it (see
+``SubnetDataParallel.shard_state``).
 
 [Note: atomic checkpoints]
 Ranks write into a staging folder ``.step_<N>.partial``; each file is fsynced; rank 0 then

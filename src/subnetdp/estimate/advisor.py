@@ -51,7 +51,13 @@ from subnetdp.estimate.communicators import communicator_bytes, describe_communi
 from subnetdp.estimate.memory import analytic_state, fsdp_unit_shapes
 from subnetdp.estimate.rates import Rate
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
-from subnetdp.estimate.steptime import StepTime, collectives, predict_step
+from subnetdp.estimate.steptime import (
+    Collective,
+    StepTime,
+    collectives,
+    predict_step,
+    with_local_steps,
+)
 from subnetdp.plan.communicators import communicators_per_rank
 from subnetdp.strategy import STRATEGIES, advisor_options, matched_steps
 from subnetdp.subnet.costs import ModelCosts, recipe_costs
@@ -69,6 +75,8 @@ NEURON_PLAN_CELLS = 2_000_000
 # S, ddp's steps of the progress the table compares at ([Note: matched progress])
 PROGRESS_STEPS = 1000
 FLOP_SCALED = " and ".join(n for n, s in STRATEGIES.items() if s.flop_scaled)
+# local steps (--sync-every): the advisor's H syncs in at most this share of a step's compute
+SYNC_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ class Advice:
     fits: bool
     time: StepTime
     fastest: bool = False
+    sync_every: int | None = None  # the smallest H of local steps (``sync_every``'s doc)
 
     @property
     def steps(self) -> int:
@@ -91,7 +100,7 @@ class Advice:
         return {"label": self.spec.label, "coverage": self.spec.coverage,
                 "peak_GB": self.peak_bytes / GB, "fits": self.fits, "fastest": self.fastest,
                 "matched_steps": self.steps, "matched_s": self.matched_s,
-                **self.time.to_dict()}
+                "sync_every": self.sync_every, **self.time.to_dict()}
 
 
 def progress_steps(spec: BenchSpec) -> int:
@@ -145,16 +154,31 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
         known.append((spec, plan, collectives(spec, plan), analytic_peak(spec, costs, plan)))
     tables = []
     for cluster in clusters:
-        rows = [Advice(spec, peak, peak <= memory_gb * GB,
-                       predict_step(spec, cluster, rate=flops, backend=backend, costs=costs,
-                                    overlap=overlap, plan=plan, colls=colls, call_s=call_s))
-                for spec, plan, colls, peak in known]
+        rows = []
+        for spec, plan, colls, peak in known:
+            t = predict_step(spec, cluster, rate=flops, backend=backend, costs=costs,
+                             overlap=overlap, plan=plan, colls=colls, call_s=call_s)
+            rows.append(Advice(spec, peak, peak <= memory_gb * GB, t,
+                               sync_every=sync_every(spec, cluster, t, colls, backend)))
         fitting = [a for a in rows if a.fits]
         if fitting:
             best = min(fitting, key=lambda a: a.matched_s)
             rows = [dataclasses.replace(a, fastest=True) if a is best else a for a in rows]
         tables.append(rows)
     return tables
+
+
+def sync_every(spec: BenchSpec, cluster: Cluster, t: StepTime, colls: list[list[Collective]],
+               backend: str) -> int | None:
+    """The smallest power-of-two H with which local steps (``--sync-every H``, fp32, whole
+    syncs: ``steptime.with_local_steps``) spend at most ``SYNC_SHARE`` of the compute of a
+    step on syncs; None where local steps are refused (FSDP, ZeRO shard over holders)."""
+    if spec.uses_fsdp or spec.composition().zero:
+        return None
+    window = with_local_steps(t, spec, cluster, every=1, backend=backend,
+                              colls=colls).exposed_comm_s
+    budget = SYNC_SHARE * t.compute_s
+    return 1 if window <= budget else 2 ** math.ceil(math.log2(window / budget))
 
 
 def too_large(spec: BenchSpec, meta: Any, recipe: Any) -> bool:
@@ -273,6 +297,10 @@ def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
                      "neuron-level plan has a group per rank in every layer pair: its plan and "
                      f"collectives grow with the square of the ranks; limit {NEURON_PLAN_CELLS:,} "
                      "plan cells)")
+    local = [f"{a.spec.label} {a.sync_every}" for a in rows if a.fits and a.sync_every]
+    if local:
+        lines.append(f"local steps (--sync-every H, docs/strategies.md): the smallest H whose "
+                     f"syncs take at most {SYNC_SHARE:.0%} of the compute: " + ", ".join(local))
     lines.append("ring MB: bytes the busiest rank sends per step (counted, estimate.comm); "
                  "comm s: exposed communication; quality is not part of this table")
     return "\n".join(lines)

@@ -416,6 +416,33 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
         flops=flops, tokens=tokens)
 
 
+def with_local_steps(st: StepTime, spec: BenchSpec, cluster: Cluster, *, every: int,
+                     fragments: int = 1, wire_ratio: float = 1.0, backend: str = "nccl",
+                     colls: list[list[Collective]] | None = None) -> StepTime:
+    """``st`` (``predict_step``'s, same ``spec`` and ``cluster``) with local steps
+    (``--sync-every H``, ``runtime.local_steps``), per step amortised over a window: the
+    inner steps compute only; each of the F fragment syncs all-reduces 1/F of the bytes of
+    one synchronous step's reducer (times ``wire_ratio``: the outer dtype's bytes over the
+    parameters'), after the optimizer step and blocking it, so none hides behind backward."""
+    if every < 1 or fragments < 1 or every % fragments:
+        raise ValueError(f"the sync window ({every}) must be >= 1 and a multiple of the "
+                         f"fragments ({fragments})")
+    colls = colls if colls is not None else collectives(spec)
+    rows: dict[int, list[Collective]] = {}  # one list per plan row, as collectives' are
+    for cs in colls:
+        rows.setdefault(id(cs), [dataclasses.replace(
+            c, payload=c.payload * wire_ratio / fragments,
+            calls=math.ceil(c.calls / fragments), phase="after") for c in cs
+            if not c.fsdp and c.phase == "backward"])
+    share = [rows[id(cs)] for cs in colls]
+    window = fragments * _phase_time(cluster, share, WIRE.get(backend, {})) if any(share) else 0
+    per_step = window / every
+    return dataclasses.replace(
+        st, comm_s={"sync": per_step}, exposed_s={"sync": per_step},
+        ring_bytes=[b * wire_ratio / every for b in st.ring_bytes],
+        wire_bytes=[b * wire_ratio / every for b in st.wire_bytes])
+
+
 def _part(colls: list[list[Collective]], pred: Any) -> list[list[Collective]]:
     """Per rank, its collectives that satisfy ``pred``; ranks of one plan row share a list."""
     lists: dict[int, list[Collective]] = {}

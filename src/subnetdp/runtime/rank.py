@@ -27,8 +27,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from subnetdp.runtime.backends import on_backward_end
 from subnetdp.runtime.fsdp import GroupTraffic, local_full_state, local_tensor
+from subnetdp.runtime.groups import HolderGroups
+from subnetdp.runtime.local_steps import SyncLayout
 from subnetdp.runtime.reducer import CommStats
 from subnetdp.strategy import Strategy
+from subnetdp.subnet.pieces import full_pieces, local_pieces, reduction_order
 
 ParamPlace = tuple[nn.Parameter, str, tuple[int, int, int] | None]
 
@@ -102,6 +105,9 @@ class RankModel(Protocol):
     def from_plain(self, p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """``t`` (shaped like ``p`` whole) stored the way ``p`` is: this rank's FSDP shard."""
 
+    def sync_layout(self) -> SyncLayout:
+        """What an outer step of local steps averages (``runtime.local_steps``)."""
+
 
 class _WholeModelRank:
     """What the two baselines share: every rank's state is the full model's."""
@@ -162,6 +168,14 @@ class _WholeModelRank:
 
     def from_plain(self, p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return t
+
+    def sync_layout(self) -> SyncLayout:
+        """Every parameter whole and shared: averaged over the world (plain DiLoCo)."""
+        pieces = full_pieces(self._module, [])
+        params = {k: p for k, p in self._module.named_parameters() if p.requires_grad}
+        local = local_pieces(pieces, [])
+        return SyncLayout(params, {k: local[k] for k in params}, reduction_order(pieces),
+                          HolderGroups([], world=dist.get_world_size()))
 
 
 class TorchDDPRank(_WholeModelRank):

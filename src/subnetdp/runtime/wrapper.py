@@ -25,6 +25,7 @@ from subnetdp.runtime.compile import compile_blocks
 from subnetdp.runtime.fsdp import local_tensor, my_chunk
 from subnetdp.runtime.grouped import group_layers
 from subnetdp.runtime.groups import HolderGroups
+from subnetdp.runtime.local_steps import SyncLayout
 from subnetdp.runtime.reducer import CommStats
 from subnetdp.runtime.ring import GlooComms
 from subnetdp.runtime.zero import ZeroOptimizer
@@ -33,7 +34,7 @@ from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.build import drop_units, is_on_meta, materialize, narrow_tensors
 from subnetdp.subnet.match import match_plan
 from subnetdp.subnet.neurons import NeuronGroup
-from subnetdp.subnet.pieces import full_pieces, local_pieces, local_slices
+from subnetdp.subnet.pieces import full_pieces, local_pieces, local_slices, reduction_order
 from subnetdp.subnet.scaling import scale_kept_outputs
 from subnetdp.subnet.units import unit_modules
 
@@ -321,6 +322,10 @@ class SubnetDataParallel(nn.Module):
 
     def plain_params(self) -> Mapping[str, torch.Tensor]:
         return self.backend.plain_params()
+
+    def sync_layout(self) -> SyncLayout:
+        return SyncLayout(self.trainable.params, self.trainable.local,
+                          reduction_order(self.pieces), self.groups)
 
     def to_plain(self, t: torch.Tensor) -> torch.Tensor:
         return t.full_tensor() if isinstance(t, DTensor) else t

@@ -105,6 +105,11 @@ WHEN: dict[str, Callable[[TrainOptions], bool]] = {
     "refresh_every": lambda c: _strategy(c).backward_masked,
     "stochastic_depth": lambda c: not _strategy(c).is_sdp,
     "neuron_dropout": lambda c: not _strategy(c).is_sdp,
+    # local steps (runtime/local_steps.py)
+    "outer_lr": lambda c: c.sync_every > 1,
+    "outer_momentum": lambda c: c.sync_every > 1,
+    "outer_dtype": lambda c: c.sync_every > 1,
+    "sync_fragments": lambda c: c.sync_every > 1,
     # checkpoints and restarts
     "ckpt_keep": lambda c: c.ckpt_every > 0 or c.save_final,
     "final_ckpt": lambda c: c.checkpoints_unbuilt is None,

@@ -15,8 +15,9 @@ from torch import nn
 
 from subnetdp.filemode import write_atomic
 from subnetdp.models import Recipe
-from subnetdp.parallelize import parallelize
+from subnetdp.parallelize import _TORCH_DTYPES, parallelize
 from subnetdp.plan import Plan
+from subnetdp.runtime.local_steps import LocalSteps
 from subnetdp.runtime.optim import fast_path
 from subnetdp.runtime.rank import RankModel
 from subnetdp.subnet.planning import build_plan
@@ -115,6 +116,20 @@ def make_optimizer(
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def local_steps(cfg: TrainConfig, model: RankModel, plan: Plan, opt: torch.optim.Optimizer,
+                start: int) -> LocalSteps | None:
+    """The outer loop of ``--sync-every H`` (``runtime.local_steps``) continuing after step
+    ``start``; None at H = 1, where every step averages gradients as before."""
+    if cfg.sync_every == 1:
+        return None
+    return LocalSteps(model.sync_layout(), plan, opt, model.comm_stats, rank=dist.get_rank(),
+                      every=cfg.sync_every, start=start, end=cfg.steps, lr=cfg.outer_lr,
+                      momentum=cfg.outer_momentum,
+                      dtype=_TORCH_DTYPES[cfg.outer_dtype] if cfg.outer_dtype else None,
+                      fragments=cfg.sync_fragments,
+                      bucket_cap_bytes=int(cfg.bucket_cap_mb * 2**20))
 
 
 def save_plan(plan: Plan, path: Path) -> None:

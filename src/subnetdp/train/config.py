@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.plan.objectives import parse_balance
+from subnetdp.strategy import REDUCE_DTYPES
 from subnetdp.train.applies import applies, check_applicable
 from subnetdp.train.options import TrainOptions, declared
 from subnetdp.train.options import default as option_default
@@ -119,6 +120,7 @@ class TrainConfig(TrainOptions):
             if p > 0 and strategy.is_sdp:
                 bad(f"{name} is a DDP baseline; use it with --strategy ddp")
         self._validate_composition(bad)
+        self._validate_local_steps(bad)
         self._validate_ecosystem(bad)
         if strategy.backward_masked and self.ckpt_every % self.refresh_every:
             # Between refreshes non-holders hold stale copies that no shard records, so only
@@ -162,6 +164,32 @@ class TrainConfig(TrainOptions):
             check_available(self.eval_tasks)  # before any worker starts, not at an evaluation
         except LmEvalMissingError as e:  # an ImportError: the error boundary reads ValueError
             bad(str(e))
+
+    def _validate_local_steps(self, bad: Any) -> None:
+        """--sync-every and the outer step's options (runtime/local_steps.py)."""
+        h, f = self.sync_every, self.sync_fragments
+        if h < 1 or f < 1 or h % f:
+            bad(f"--sync-every ({h}) must be >= 1 and a multiple of --sync-fragments ({f})")
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0
+                and 0 <= self.outer_momentum < 1):
+            bad(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got "
+                f"{self.outer_lr} and {self.outer_momentum}")
+        if self.outer_dtype not in (None, *REDUCE_DTYPES):
+            bad(f"--outer-dtype must be one of {', '.join(REDUCE_DTYPES)}, got "
+                f"{self.outer_dtype!r}")
+        if h == 1:
+            return
+        for name, on in (("--zero", self.zero), ("--fsdp", self.fsdp)):
+            if on:
+                bad(f"{name} shards a unit over its holders, who train apart between syncs "
+                    f"with --sync-every {h}: drop {name}, or --sync-every")
+        if self.eval_every % h:  # the model evaluated is the holders' common one
+            bad(f"--eval-every ({self.eval_every}) must be a multiple of --sync-every ({h})")
+        every = h * self.refresh_every
+        if self.strategy_value.backward_masked and self.ckpt_every % every:
+            # non-holders' copies are the owners' at a refresh, which follows a sync
+            bad(f"--ckpt-every ({self.ckpt_every}) must be a multiple of --sync-every x "
+                f"--refresh-every ({every}) under {self.strategy}")
 
     def _validate_composition(self, bad: Any) -> None:
         """What ``Composition.check`` cannot see: the run's regularisers and checkpoints."""

@@ -129,6 +129,7 @@ def tasks(text: str) -> list[str]:
 
 _ALL: tuple[Command, ...] = ("train", "plan", "bench")
 _HELD_PLAN = "SDP strategies without --plan-file"
+_LOCAL = "local steps (--sync-every > 1)"
 _NEURON = "neuron-level strategies"
 _LM = "language-model recipes"
 _TP: tuple[Command, ...] = ("train", "plan")
@@ -295,6 +296,21 @@ class TrainOptions:
     grad_clip: float | None = option(
         None, "optimizer", "clip the full model's gradient norm to NORM, 0 = off",
         metavar="NORM", default_note="the recipe's")
+    # local steps (runtime/local_steps.py, SDP x DiLoCo): the outer optimizer
+    sync_every: int = option(
+        1, "optimizer", "local steps (SDP x DiLoCo): each worker takes H steps alone, then "
+        "each unit's holders average their weight changes in an outer Nesterov step "
+        "(1: every step; docs/strategies.md)", metavar="H")
+    outer_lr: float = option(0.7, "optimizer", "with --sync-every: the outer step's learning "
+                             "rate", where=_LOCAL)
+    outer_momentum: float = option(0.9, "optimizer", "with --sync-every: the outer step's "
+                                   "Nesterov momentum", where=_LOCAL)
+    outer_dtype: str | None = option(
+        None, "optimizer", "with --sync-every: the dtype the averaged weight changes travel "
+        "in", choices=REDUCE_DTYPES, default_note="the parameters'", where=_LOCAL)
+    sync_fragments: int = option(
+        1, "optimizer", "with --sync-every H: sync F fragments of the model at staggered "
+        "steps, one every H/F steps (H a multiple of F)", metavar="F", where=_LOCAL)
     # -- schedule
     steps: int = option(300, "schedule", "training steps", on_resume="change")
     warmup: int | None = option(None, "schedule", "linear learning-rate warm-up steps",

@@ -72,6 +72,9 @@ def rescue_blocker(cfg: Any) -> str | None:
     if cfg.fsdp:
         return "--fsdp shards each holder group's parameters, so a lost rank's shard exists " \
                "nowhere else"
+    if cfg.sync_every > 1:
+        return (f"--sync-every {cfg.sync_every}: between syncs each holder has its own copy, "
+                "so the survivors do not hold a lost rank's")
     return None
 
 

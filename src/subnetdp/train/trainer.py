@@ -7,6 +7,7 @@ import platform
 import statistics
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -38,10 +39,11 @@ from subnetdp.metrics.tracking import (
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import storage_dtype
 from subnetdp.plan import Plan, diagnostics, worker_bytes
+from subnetdp.runtime.local_steps import LocalSteps
 from subnetdp.runtime.rank import RankModel
 from subnetdp.runtime.reducer import CommStats
 from subnetdp.subnet.build import build_full_model
-from subnetdp.train.build import build_rank, make_optimizer, run_plan, save_plan
+from subnetdp.train.build import build_rank, local_steps, make_optimizer, run_plan, save_plan
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.device import run_device, to_device
 from subnetdp.train.flops import rank_step_flops
@@ -64,23 +66,29 @@ WARMUP_STEPS = 2  # excluded from the median step time (allocations, DDP bucket 
 def train_step(
     rank: RankModel, opt: torch.optim.Optimizer, sched: Any, task: Task,
     batch: tuple[torch.Tensor, torch.Tensor], grad_clip: float,
-    commit: StepCommit | None = None,
+    commit: StepCommit | None = None, outer: LocalSteps | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """batch -> forward/backward (gradients come back reduced) -> clip -> step. Returns the
     loss and the gradient norm as device tensors: reading them is a host sync, left to the
-    caller's log steps. ``commit``: the step boundary of a rescuable run ([Note: rescue])."""
+    caller's log steps. ``commit``: the step boundary of a rescuable run ([Note: rescue]);
+    ``outer``: local steps (gradients stay local; a sync after every H-th step)."""
     x, y = batch
     faults.point("forward")
-    loss = task.loss(rank.model(x), y)
-    faults.point("backward")
-    loss.backward()
-    # the full model's norm, the same on every holder (SDP: each piece counted by its owner)
-    norm = rank.clip_grad_norm_(grad_clip) if grad_clip > 0 else None
+    with nullcontext() if outer is None else outer.inner(rank.model):
+        loss = task.loss(rank.model(x), y)
+        faults.point("backward")
+        loss.backward()
+    # the full model's norm, the same on every holder (SDP: each piece counted by its owner);
+    # with local steps, this rank's own
+    clip = rank.clip_grad_norm_ if outer is None else outer.clip
+    norm = clip(grad_clip) if grad_clip > 0 else None
     if commit is not None:
         commit.reduced()
     faults.point("optimizer")
     opt.step()
     sched.step()
+    if outer is not None:
+        outer.after_step()
     if commit is not None:
         commit.applied_step()
     opt.zero_grad(set_to_none=True)
@@ -220,6 +228,7 @@ class _RunState:
     tracker: Tracker
     loop_start: float
     commit: StepCommit
+    outer: LocalSteps | None  # --sync-every H > 1
     window: _Window = field(default_factory=_Window)
     times: list[float] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
@@ -261,9 +270,10 @@ def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None,
     ckpt = Checkpointer(out, model, opt, sched, plan=plan, cfg=cfg, rank=rank, world=world,
                         info={**run_info(recipe, overrides, storage_dtype(cfg.composition())),
                               "data": task.data_identity(),
-                              **init})
+                              **init}, holders_differ=cfg.sync_every > 1)
     start = (ckpt.restore_held(held) if held is not None else
              ckpt.restore(source) if source is not None else 0)
+    outer = local_steps(cfg, model, plan, opt, start)  # --sync-every H > 1
     resumed = source is not None or held is not None
     set_timeout(cfg.collective_timeout)
     stop = GracefulStop()  # SIGTERM/SIGINT: finish a checkpoint that is due soon, then exit
@@ -293,7 +303,7 @@ def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None,
     commit = StepCommit(rescue_enabled(cfg), applied=start, device=device)
     return _RunState(cfg, rank, world, out, device, recipe, task, overrides, plan, model, opt,
                      sched, ckpt, start, stop, batches, losses, progress, comm, peak, flops,
-                     val_sink, tracker, loop_start, commit)
+                     val_sink, tracker, loop_start, commit, outer)
 
 
 def _loop(run: _RunState) -> None:
@@ -326,7 +336,7 @@ def _step(run: _RunState, done: int, sink: JsonlSink) -> None:
     if done == cfg.memory_step:
         (loss, norm), report = measure_step_memory(
             partial(train_step, model, opt, sched, run.task, batch, cfg.grad_clip or 0.0,
-                    run.commit),
+                    run.commit, run.outer),
             modules=model.tracked_modules(), optimizers=[opt],
             grad_tensors=model.grad_buffers(),
         )
@@ -334,7 +344,7 @@ def _step(run: _RunState, done: int, sink: JsonlSink) -> None:
         run.max_active = report.peak_bytes / 2**30
     else:
         loss, norm = train_step(model, opt, sched, run.task, batch, cfg.grad_clip or 0.0,
-                                run.commit)
+                                run.commit, run.outer)
     dt = time.perf_counter() - t0
     # A segment too short for a warm-up (a resume near the end) times every step.
     warm = done - run.start > WARMUP_STEPS or cfg.steps - run.start <= WARMUP_STEPS
@@ -396,8 +406,11 @@ def _finish(run: _RunState) -> dict[str, Any]:
         "peak_memory_bytes": run.memory.get("peak_bytes"),
         "max_active": run.max_active,  # GiB; the summary's memory/max_active(GiB)
         "memory": run.memory,
-        "comm_bytes_per_step": statistics.median(step_bytes[1:] or step_bytes or [0]),
-        "comm_ring_bytes_per_step": wb.allreduce_ring,
+        # local steps send at syncs only: their mean
+        "comm_bytes_per_step": (statistics.median(step_bytes[1:] or step_bytes or [0])
+                                if run.outer is None else statistics.fmean(step_bytes or [0])),
+        "comm_ring_bytes_per_step": (wb.allreduce_ring if run.outer is None
+                                     else wb.allreduce_ring / cfg.sync_every),
         # counted by the reducers: per step, by collective and by process group (payload, ring)
         "comm": comm_record(run.comm, steps=cfg.steps - run.start),
         "analytic": wb.to_dict(),
