@@ -40,7 +40,7 @@ from subnetdp.checkpoint.files import (
     write_manifest,
     write_shard,
 )
-from subnetdp.filemode import check_no_links
+from subnetdp.filemode import LinkedFileError, check_no_links
 
 __all__ = ["RescueUnavailableError", "clear_rescue", "compose_rescue", "rescue_attempt_dir",
            "rescue_root", "rescue_step", "write_contribution"]
@@ -110,7 +110,12 @@ def _gather(run_dir: str | os.PathLike[str]) -> tuple[
         Path, int, dict[int, dict[str, Any]], dict[str, tuple[int, str]], list[int]]:
     """The newest attempt's folder, the newest common step, the survivors' records at it,
     each tensor's source and the lost ranks; ``RescueUnavailableError`` when they make no
-    checkpoint."""
+    checkpoint (a link under ``rescue``: its contents are never read, [Note: no links inside a
+    run folder])."""
+    try:
+        check_no_links(Path(run_dir), ("rescue",))
+    except LinkedFileError as e:
+        raise RescueUnavailableError(str(e).split("; ")[0]) from None
     attempts = sorted(rescue_root(run_dir).glob("attempt_*"),
                       key=lambda p: int(p.name.split("_")[1]))
     records: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> step -> record
