@@ -98,7 +98,8 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
                 smaller, why = rescued_config(cfg)
                 if smaller is not None:
                     cfg, plan = replanned(smaller, holders or {})
-                    print(f"subnetdp train: {why}{_fewer(cfg, smaller)}", file=sys.stderr)
+                    print(f"subnetdp train: {e.cause}; {why}{_fewer(cfg, smaller)}",
+                          file=sys.stderr)
                     continue
                 smaller = shrunk_config(cfg, e.failures)
                 if smaller is None:
@@ -107,9 +108,9 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
                     print(f"subnetdp train: no rescue: {why}; falling back to the newest "
                           "checkpoint", file=sys.stderr)
                 went, plan = replanned(smaller, holders or {})
-                print(f"subnetdp train: {_lost(e.failures)} of {cfg.nproc} workers lost for "
-                      f"good; going on with {smaller.nproc} from {smaller.resume} (resharded; "
-                      f"the steps after it are replayed){_fewer(went, smaller)}",
+                print(f"subnetdp train: {e.cause}; {_lost(e.failures)} of {cfg.nproc} workers "
+                      f"lost for good; going on with {smaller.nproc} from {smaller.resume} "
+                      f"(resharded; the steps after it are replayed){_fewer(went, smaller)}",
                       file=sys.stderr)
                 cfg = went
     finally:
@@ -159,10 +160,12 @@ def rescued_config(cfg: TrainConfig) -> tuple[TrainConfig | None, str]:
 
 
 def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> TrainConfig | None:
-    """The next attempt's configuration after ``failures``, or None if the run cannot shrink
-    (no ``--min-nproc``, at the minimum, no checkpoint yet, or a failure that is a Python
-    exception: that would only fail again on fewer workers)."""
-    if cfg.min_nproc is None or cfg.nproc - 1 < cfg.min_nproc or not _lost(failures):
+    """The next attempt's configuration after ``failures``: the workers that were not lost
+    (a lost node takes several), or None if the run cannot shrink (no ``--min-nproc``, fewer
+    left than it, no checkpoint yet, or a failure that is a Python exception: that would only
+    fail again on fewer workers)."""
+    lost = _lost(failures)
+    if cfg.min_nproc is None or cfg.nproc - lost < cfg.min_nproc or not lost:
         return None
     if any(code >= 0 for code, _ in failures.values()):
         return None
@@ -170,7 +173,7 @@ def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> Tra
     if newest is None:
         return None
     step = int(read_manifest(newest, config_keys=config_keys())["step"])
-    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - 1, resume=str(newest), reshard=True)
+    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - lost, resume=str(newest), reshard=True)
     for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the checkpoint
         path = rank_jsonl_path(Path(cfg.out), rank)
         truncate_metrics(path, step)

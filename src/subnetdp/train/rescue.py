@@ -120,9 +120,10 @@ def save_rescue(commit: StepCommit, ckpt: Checkpointer, opt: torch.optim.Optimiz
     try:
         yield
     except BaseException as e:
-        # the run's own agreed stop, Ctrl-C and an injected crash of this rank save nothing
-        if commit.enabled and not isinstance(e, RunStoppedError | KeyboardInterrupt
-                                             | faults.InjectedFault):
+        # the run's own agreed stop, Ctrl-C, an injected crash of this rank and a rank whose
+        # process group was aborted under it (the lost one: its peers saw it go) save nothing
+        if commit.enabled and dist.is_initialized() and not isinstance(
+                e, RunStoppedError | KeyboardInterrupt | faults.InjectedFault):
             _save(commit, ckpt, opt, sched, out)
         raise
 

@@ -17,6 +17,7 @@ from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError, run_
 from subnetdp.distributed import faults
 from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.distributed.signals import GracefulStop
+from subnetdp.distributed.stragglers import StragglerWatch
 from subnetdp.distributed.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
 from subnetdp.hf.tokenizer import save_run_tokenizer
 from subnetdp.metrics.comm import comm_record, comm_summary
@@ -231,6 +232,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
     loop_start = time.perf_counter()
     # a lost peer: save what this rank holds for the launcher to compose ([Note: rescue])
     commit = StepCommit(rescue_enabled(cfg), applied=start, device=device)
+    watch = StragglerWatch(rank, world, device, start=start, enabled=not cfg.fsdp)
     with (JsonlSink(rank_jsonl_path(out, rank)) as sink,
           save_rescue(commit, ckpt, opt, sched, out)):
         for done in range(start + 1, cfg.steps + 1):  # steps are counted from 1 (torchtitan)
@@ -252,6 +254,7 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
                 loss, norm = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0,
                                         commit)
             dt = time.perf_counter() - t0
+            watch.step_done(done)
             # A segment too short for a warm-up (a resume near the end) times every step.
             warm = done - start > WARMUP_STEPS or cfg.steps - start <= WARMUP_STEPS
             if warm and done != cfg.memory_step:
@@ -271,6 +274,8 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
             # the first step too, so that a progress line shows at once (one more host sync)
             if due or done % cfg.log_every == 0 or done == cfg.steps or done == start + 1:
                 losses += window.flush(sink, out, tracker, state_finite(model, opt))
+                if slow := watch.exchange(done):
+                    print(slow, flush=True)
                 progress.update(done, loss=losses[-1], tps=tps * world, lr=float(lr))
             if due:
                 faults.point("checkpoint")
