@@ -88,7 +88,7 @@ def test_abort_aborts_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     assert aborted == [True]
     grouped = iter([True, False])
     monkeypatch.setattr(timeouts.dist, "is_initialized", lambda: next(grouped))
-    with pytest.raises(timeouts.GroupAbortedError, match="^rank 3's process group was aborted"), \
+    with pytest.raises(timeouts.GroupAbortedError, match=r"^rank 3's process group was aborted"), \
             timeouts.naming_silent_ranks(3, 4):
         raise ValueError("Default process group has not been initialized")
 
