@@ -37,7 +37,7 @@ from subnetdp.distributed.process_group import (
     gloo_loopback,
     under_launcher,
 )
-from subnetdp.distributed.timeouts import lost_peer
+from subnetdp.distributed.timeouts import lost_peer, named_silent
 from subnetdp.filemode import append_text, share
 from subnetdp.torch_compat import launch_grace
 
@@ -95,6 +95,11 @@ class WorkerFailedError(RuntimeError):
         if sep and " " not in kind and msg.startswith("rank"):  # the error names its rank
             return msg
         return f"rank {rank}: {line}" if len(same) == 1 else f"ranks {same}: {line}"
+
+    @property
+    def silent(self) -> list[int]:
+        """The ranks that their peers' collective timeouts named as silent."""
+        return sorted({r for _, text in self.failures.values() for r in named_silent(text)})
 
     def _causing_rank(self) -> int:
         # a rank whose own collective timed out names the silent one: that is the cause,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -27,6 +28,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "GroupAbortedError",
     "lost_peer",
+    "named_silent",
     "naming_silent_ranks",
     "set_timeout",
     "slow_phase",
@@ -77,6 +79,14 @@ def _is_timeout(e: BaseException) -> bool:
 _PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "read error",
                 "broken pipe", "remote worker", "glhf", "connection was likely closed",
                 "did the remote server shutdown")
+
+
+_SILENT = re.compile(r"rank\(s\) \[([\d, ]+)\] stopped answering")
+
+
+def named_silent(text: str) -> list[int]:
+    """The ranks a ``CollectiveTimeoutError`` in ``text`` names as silent ([] if none)."""
+    return sorted({int(r) for m in _SILENT.finditer(text) for r in m[1].split(",")})
 
 
 def lost_peer(text: str) -> bool:

@@ -3,9 +3,10 @@
 [Note: elastic shrink]
 Local launches (``--min-nproc N``): torch elastic first restarts the whole group at its size
 (``--max-restarts``); when a worker died by a signal (killed, OOM-killed, its device gone) and
-the restarts are used up, the launcher starts the group again with one worker fewer, down to
-``N``, resuming the newest checkpoint resharded ([Note: resharded resume]); or, when the
-survivors' copies cover the whole model, from the step in flight, with none replayed
+the restarts are used up, the launcher starts the group again without the workers lost (one
+fewer for each), down to ``N``, resuming the newest checkpoint resharded ([Note: resharded
+resume]); or, when the survivors' copies cover the whole model, from the step in flight, with
+none replayed
 ([Note: rescue] in train/rescue.py). Every world it may reach is planned when the run
 starts ([Note: shrinking plans] in plan/shrink.py), and a shrunk group re-plans with the
 ``--min-holders`` that decided. Under
@@ -27,7 +28,7 @@ import dataclasses
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,7 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
                               **launch_kw)
             except WorkerFailedError as e:
                 os.environ[faults.ENV] = ""  # an injected fault fires once per run
-                smaller, why = rescued_config(cfg)
+                smaller, why = rescued_config(cfg, e.silent)
                 if smaller is not None:
                     cfg, plan = replanned(smaller, holders or {})
                     print(f"subnetdp train: {e.cause}; {why}{_fewer(cfg, smaller)}",
@@ -136,16 +137,18 @@ def _fewer(went: TrainConfig, asked: TrainConfig) -> str:
             f"and at --min-nproc {went.nproc} no loss is rescued)")
 
 
-def rescued_config(cfg: TrainConfig) -> tuple[TrainConfig | None, str]:
+def rescued_config(cfg: TrainConfig, silent: Sequence[int] = ()) -> tuple[TrainConfig | None,
+                                                                          str]:
     """The next attempt's configuration from the survivors' copies ([Note: rescue]) and the
-    line that says so; or None and why not ("" when the run does not use rescue)."""
+    line that says so; or None and why not ("" when the run does not use rescue). ``silent``:
+    ranks their peers' timeouts named (lost, whatever they saved)."""
     if cfg.min_nproc is None:
         return None, ""
     blocker = rescue_blocker(cfg)
     if blocker is not None:
         return None, blocker if cfg.rescue else ""
     try:
-        ckpt, step, survivors = compose_rescue(cfg.out)
+        ckpt, step, survivors = compose_rescue(cfg.out, silent)
     except RescueUnavailableError as e:
         return None, str(e)
     if len(survivors) < cfg.min_nproc:
