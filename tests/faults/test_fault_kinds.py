@@ -183,3 +183,21 @@ def test_a_straggler_is_named_and_not_stopped(tmp_path: Path,
     assert re.search(r"straggler: rank 1 took 1\.\d\d s a step to compute \(step 4\), "
                      r"[\d.]+x the median rank", said[0]), said
     assert read_manifest(step_dir(run / "checkpoints", 6))["world"] == 4
+
+
+def test_the_fallback_counts_named_aborted_and_killed_ranks_as_lost() -> None:
+    """The checkpoint fallback (no rescue: --zero, --fsdp, single holders) shrinks by every
+    rank lost: a node's ranks, the rank a timeout named, the rank whose group was aborted; a
+    rank's own Python exception is not retried on fewer workers."""
+    from subnetdp.train.elastic import _lost, _own_error
+
+    timeout = ("Traceback ...\nsubnetdp.distributed.timeouts.CollectiveTimeoutError: rank(s) "
+               "[2] stopped answering: rank 0 waited 3 s in a collective")
+    aborted = ("Traceback ...\nsubnetdp.distributed.timeouts.GroupAbortedError: rank 1's "
+               "process group was aborted under it, so its collectives cannot run")
+    peer = "Traceback ...\nRuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1"
+    assert _lost({2: (-9, "Signal 9"), 3: (-9, "Signal 9"), 0: (-15, "")}) == 2
+    assert _lost({0: (1, timeout), 1: (1, peer)}) == 1
+    assert _lost({1: (1, aborted)}) == 1
+    assert not any(_own_error(1, t) for t in (timeout, aborted, peer))
+    assert _own_error(1, "Traceback ...\nValueError: a bug") and not _own_error(-9, "")

@@ -37,6 +37,12 @@ from subnetdp.checkpoint.rescue import RescueUnavailableError, clear_rescue, com
 from subnetdp.distributed import faults
 from subnetdp.distributed.launch import WorkerFailedError, launch
 from subnetdp.distributed.process_group import under_launcher
+from subnetdp.distributed.timeouts import (
+    CollectiveTimeoutError,
+    GroupAbortedError,
+    lost_peer,
+    named_silent,
+)
 from subnetdp.metrics.sinks import rank_jsonl_path
 from subnetdp.plan import Plan
 from subnetdp.plan.shrink import replan_blocker, shrink_plans
@@ -170,7 +176,7 @@ def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> Tra
     lost = _lost(failures)
     if cfg.min_nproc is None or cfg.nproc - lost < cfg.min_nproc or not lost:
         return None
-    if any(code >= 0 for code, _ in failures.values()):
+    if any(_own_error(code, text) for code, text in failures.values()):
         return None
     newest = newest_checkpoint(checkpoints_root(cfg.out))
     if newest is None:
@@ -184,5 +190,15 @@ def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> Tra
 
 
 def _lost(failures: dict[int, tuple[int, str]]) -> int:
-    """Workers that died by a signal other than the agent's own SIGTERM to the survivors."""
-    return sum(1 for code, _ in failures.values() if code < 0 and -code != signal.SIGTERM)
+    """Workers lost: dead by a signal other than the agent's own SIGTERM to the survivors,
+    named silent by a peer's timeout, or with their process group aborted under them."""
+    lost = {r for r, (code, text) in failures.items()
+            if (code < 0 and -code != signal.SIGTERM) or GroupAbortedError.__name__ in text}
+    return len(lost | {r for _, text in failures.values() for r in named_silent(text)})
+
+
+def _own_error(code: int, text: str) -> bool:
+    """A rank's own Python exception (it would fail again on fewer workers), not a lost peer,
+    a timeout or an aborted group."""
+    return code >= 0 and not lost_peer(text) and not any(
+        e.__name__ in text for e in (CollectiveTimeoutError, GroupAbortedError))
