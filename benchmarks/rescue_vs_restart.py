@@ -56,7 +56,12 @@ def main() -> None:
         rows.append(f"| {fault} | {recovery} | {start} | {lost} | "
                     f"{faulted - clean[recovery]:.1f} |")
         print(rows[-1], flush=True)
-    Path(args.table).write_text("\n".join([
+        _write(Path(args.table), rows)
+
+
+def _write(table: Path, rows: list[str]) -> None:
+    """The table of the rows so far (rewritten after each case)."""
+    table.write_text("\n".join([
         "# Rescue vs checkpoint-restart (benchmarks/rescue_vs_restart.py)", "",
         f"b-sdp, 4 workers of llama-tiny at n_layers 4, dim 128, seq-len 64, `--coverage 0.75 "
         f"--min-holders 2 --min-nproc 2`, {STEPS} steps; the fault fires at step {KILL_STEP} "

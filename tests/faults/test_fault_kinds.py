@@ -70,7 +70,7 @@ def test_gil_holds_the_interpreter_until_sigkill() -> None:
     p.send_signal(signal.SIGKILL)
     rest, _ = p.communicate(timeout=60)
     assert p.returncode == -signal.SIGKILL
-    assert rest.count("tick") <= 1  # at most one tick that was already on its way
+    assert rest.count("tick") < 5  # free, the thread would tick 20 times a second
 
 
 def test_abort_aborts_and_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
