@@ -8,6 +8,9 @@ A strategy is a *level* (what a unit is: ``none`` = no subnetworks, ``block`` = 
 blocks, ``neuron`` = neuron groups of every layer pair) and a *masking* (``forward``: a worker
 runs only what it holds; ``backward``: it runs the full model but trains only what it holds).
 A new strategy is one row of ``STRATEGIES``; a new baseline one entry of ``Composition``.
+Callers ask the row what it means (``splits_layers``, ``fsdp_keeps_gathered``,
+``balanceable``, ...), never which level it is, so that a new level changes this table and
+the module that builds its units.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ class Strategy:
     level: Level
     masking: Masking
     help: str
+    # the compositions ``plan --cluster`` tries it with ("" = alone; ``advisor_options``)
+    advised: tuple[str, ...] = ()
+    # trained by the convergence study (``study.convergence``; nb-sdp: the quality study only)
+    long_study: bool = False
 
     @property
     def is_sdp(self) -> bool:
@@ -37,13 +44,35 @@ class Strategy:
 
     @property
     def neuron_level(self) -> bool:
+        """Its level is neuron groups; outside this module ask what it means instead
+        (``splits_layers``, ``balanceable``, ``fsdp_keeps_gathered``)."""
         return self.level == "neuron"
 
     @property
-    def plan_grows_with_world(self) -> bool:
-        """Its plan splits every layer pair into groups per rank (neuron level), so the plan's
-        cells grow with the square of the world, not with the units."""
+    def splits_layers(self) -> bool:
+        """Its units are groups of every layer pair's hidden units (``subnet.neurons``), not
+        whole blocks: a rank holds and runs a part of every layer, its layers are physically
+        narrower (FSDP: one sub-layer per group), and the plan's units are the groups."""
         return self.neuron_level
+
+    @property
+    def plan_grows_with_world(self) -> bool:
+        """Its plan splits every layer pair into groups per rank, so the plan's cells grow
+        with the square of the world, not with the units."""
+        return self.splits_layers
+
+    @property
+    def balanceable(self) -> bool:
+        """Its units differ in cost, so a plan can balance them (``--scheme balanced``,
+        per-rank budgets): block units; a layer's groups are equal, and ddp holds all."""
+        return self.is_sdp and not self.splits_layers
+
+    @property
+    def fsdp_keeps_gathered(self) -> bool:
+        """Under FSDP its held parts stay gathered from forward through backward: one
+        all-gather per step, no reshard after forward, no prefetch ([Note: neuron groups] in
+        ``runtime.fsdp``); blocks are gathered again for backward."""
+        return self.splits_layers
 
     @property
     def backward_masked(self) -> bool:
@@ -68,12 +97,16 @@ class Strategy:
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("ddp", "none", "none", "the full model on every worker (torch DDP)"),
-    Strategy("b-sdp", "block", "forward", "a subset of the blocks, forward and backward"),
+    Strategy("ddp", "none", "none", "the full model on every worker (torch DDP)",
+             long_study=True),
+    Strategy("b-sdp", "block", "forward", "a subset of the blocks, forward and backward",
+             advised=("", "+ac", "+fsdp", "+fsdp+ac", "+zero1", "+zero2"), long_study=True),
     Strategy("n-sdp", "neuron", "forward",
-             "a subset of the neuron groups of every layer pair, physically narrower layers"),
+             "a subset of the neuron groups of every layer pair, physically narrower layers",
+             advised=("", "+fsdp"), long_study=True),
     Strategy("bb-sdp", "block", "backward",
-             "the full model forward; gradients and optimizer state only for held blocks"),
+             "the full model forward; gradients and optimizer state only for held blocks",
+             advised=("", "+fsdp"), long_study=True),
     Strategy("nb-sdp", "neuron", "backward", "as bb-sdp, at neuron level"),
 )}
 NAMES = tuple(STRATEGIES)
@@ -195,6 +228,13 @@ BASELINES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")
 # ZeRO baselines: DDP with torch's ZeroRedundancyOptimizer (zero1); the holder reducer at full
 # coverage with sharded gradients and state (zero2: torch DDP cannot shard gradients)
 ZERO_BASELINES = ("ddp+zero1", "ddp+zero2")
+
+
+def advisor_options() -> tuple[str, ...]:
+    """What ``plan --cluster`` tries by default, as ``parse_label`` reads it: every baseline,
+    then each strategy's ``advised`` compositions, in table order."""
+    return (*BASELINES, *ZERO_BASELINES,
+            *(s.name + comp for s in STRATEGIES.values() if s.is_sdp for comp in s.advised))
 
 
 def parse_label(text: str) -> tuple[Strategy, Composition]:

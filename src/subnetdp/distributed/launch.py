@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from multiprocessing import reduction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,9 @@ from subnetdp.distributed.process_group import (
 from subnetdp.distributed.timeouts import lost_peer, named_silent
 from subnetdp.filemode import append_text, share
 from subnetdp.torch_compat import launch_grace
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 __all__ = [
     "RunInterruptedError",
@@ -170,6 +173,53 @@ def launch(
     """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
+    start_method = _start_method(start_method)
+    if under_launcher():
+        # Already a worker (e.g. under torchrun): the launcher owns the processes.
+        return {int(os.environ["RANK"]): fn(*args)}
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    if start_method == "forkserver":
+        _preload_fork_server(fn)
+    port = free_port()
+    errors = tempfile.TemporaryDirectory(prefix="subnetdp-errors-")
+    logs = _shared_logs(DefaultLogsSpecs, errors.name)(
+        log_dir=log_dir,
+        redirects=Std.ALL if log_dir else Std.NONE,
+        tee={0: Std.OUT} if log_dir and tee_rank0 else Std.NONE,
+    )
+    config = _launch_config(nproc, run_id, port=port, max_restarts=max_restarts,
+                            start_method=start_method, logs=logs)
+    with (
+        errors,
+        _preserved_process_state(),
+        default_env(OMP_NUM_THREADS="1", **_restart_env(max_restarts)),
+        _launcher_pid(),
+        _gc_paused(start_method == "fork") as gc_was_enabled,
+        _agent_log(log_dir),
+        _StartWatch(nproc, start_timeout) as watch,
+    ):
+        entry = _Worker(fn, watch.folder, gc_was_enabled if start_method == "fork" else None,
+                        hold_fd)
+        try:
+            return dict(elastic_launch(config, entry)(*args))
+        except ChildFailedError as e:
+            raise _worker_failed(e, nproc, run_id) from e
+        except SignalException as e:
+            if watch.fired:
+                raise WorkerStartTimeoutError(watch.missing(), start_timeout) from None
+            raise RunInterruptedError(signal.Signals(e.sigval).name) from None
+
+
+SHUTDOWN_GRACE_S = 30  # SIGTERM to the workers, then SIGKILL after this many seconds
+
+
+def _start_method(start_method: str | None) -> str:
+    """``start_method``, checked; None: forkserver, or spawn once this process has initialised
+    CUDA or a process group."""
     if start_method is None:
         # [Note: why not fork]. A child of the fork server would still inherit CUDA state it
         # cannot use and this process's default group (so its own init_distributed would
@@ -182,28 +232,23 @@ def launch(
         raise ValueError(
             f"start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}"
         )
-    if under_launcher():
-        # Already a worker (e.g. under torchrun): the launcher owns the processes.
-        return {int(os.environ["RANK"]): fn(*args)}
+    return start_method
 
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    if start_method == "forkserver":
-        # The server imports torch and fn's module once, when it starts (the first launch of
-        # this process); each worker then forks from it (fast, and clean).
-        multiprocessing.set_forkserver_preload(
-            ["__main__", "subnetdp.distributed._fork_server", "torch", "torch._dynamo",
-             "torch.distributed", getattr(fn, "__module__", "torch")])
-    port = free_port()
-    errors = tempfile.TemporaryDirectory(prefix="subnetdp-errors-")
-    logs = _shared_logs(DefaultLogsSpecs, errors.name)(
-        log_dir=log_dir,
-        redirects=Std.ALL if log_dir else Std.NONE,
-        tee={0: Std.OUT} if log_dir and tee_rank0 else Std.NONE,
-    )
-    config = LaunchConfig(
+def _preload_fork_server(fn: Callable[..., Any]) -> None:
+    """The server imports torch and fn's module once, when it starts (the first launch of
+    this process); each worker then forks from it (fast, and clean)."""
+    multiprocessing.set_forkserver_preload(
+        ["__main__", "subnetdp.distributed._fork_server", "torch", "torch._dynamo",
+         "torch.distributed", getattr(fn, "__module__", "torch")])
+
+
+def _launch_config(nproc: int, run_id: str, *, port: int, max_restarts: int,
+                   start_method: str, logs: Any) -> Any:
+    """torch elastic's ``LaunchConfig`` of one node's ``nproc`` workers."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -222,40 +267,26 @@ def launch(
         **launch_grace(SHUTDOWN_GRACE_S),
         log_line_prefix_template="[rank ${rank}] ",  # tee'd lines (default: [default_role0]:)
     )
-    # With restarts, the agent must not share its rendezvous TCPStore with the workers: the
-    # store outlives an attempt, so a restarted group's init_process_group reads the dead
-    # group's gloo/NCCL addresses from it and fails to connect (pytorch/pytorch#135712).
-    # Disabled, rank 0 of each attempt hosts a fresh store.
-    restart_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
-    with (
-        errors,
-        _preserved_process_state(),
-        default_env(OMP_NUM_THREADS="1", **restart_env),
-        _launcher_pid(),
-        _gc_paused(start_method == "fork") as gc_was_enabled,
-        _agent_log(log_dir),
-        _StartWatch(nproc, start_timeout) as watch,
-    ):
-        entry = _Worker(fn, watch.folder, gc_was_enabled if start_method == "fork" else None,
-                        hold_fd)
-        try:
-            return dict(elastic_launch(config, entry)(*args))
-        except ChildFailedError as e:
-            failures = {
-                rank: (f.exitcode, _failure_text(f)) for rank, f in sorted(e.failures.items())
-            }
-            lines = [f"{len(failures)} of {nproc} worker(s) of run {run_id!r} failed:"]
-            for rank, (code, text) in failures.items():
-                lines.append(f"--- rank {rank} (exit code {code}) ---\n{text}")
-            raise WorkerFailedError("\n".join(lines), failures,
-                                    first=e.get_first_failure()[0]) from e
-        except SignalException as e:
-            if watch.fired:
-                raise WorkerStartTimeoutError(watch.missing(), start_timeout) from None
-            raise RunInterruptedError(signal.Signals(e.sigval).name) from None
 
 
-SHUTDOWN_GRACE_S = 30  # SIGTERM to the workers, then SIGKILL after this many seconds
+def _restart_env(max_restarts: int) -> dict[str, str]:
+    """With restarts, the agent must not share its rendezvous TCPStore with the workers: the
+    store outlives an attempt, so a restarted group's init_process_group reads the dead
+    group's gloo/NCCL addresses from it and fails to connect (pytorch/pytorch#135712).
+    Disabled, rank 0 of each attempt hosts a fresh store."""
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if max_restarts > 0 else {}
+
+
+def _worker_failed(e: ChildFailedError, nproc: int, run_id: str) -> WorkerFailedError:
+    """torch elastic's ``ChildFailedError`` as one error naming each failed rank, its exit
+    code and its traceback."""
+    failures = {
+        rank: (f.exitcode, _failure_text(f)) for rank, f in sorted(e.failures.items())
+    }
+    lines = [f"{len(failures)} of {nproc} worker(s) of run {run_id!r} failed:"]
+    for rank, (code, text) in failures.items():
+        lines.append(f"--- rank {rank} (exit code {code}) ---\n{text}")
+    return WorkerFailedError("\n".join(lines), failures, first=e.get_first_failure()[0])
 
 
 def _shared_logs(base: type, errors: str) -> type:

@@ -1,10 +1,10 @@
 """The strategy advisor: per strategy and coverage on a cluster, whether it fits, its peak
 memory, bytes and predicted step time; the fastest that fits is marked.
 
-``advise(base, clusters, memory_gb=, rate=)`` tries ``candidates(base)`` (``OPTIONS``: the
-baselines ddp, ddp+ac, fsdp, fsdp+ac, ddp+zero1, ddp+zero2; b-sdp alone and composed with ac,
-fsdp, fsdp+ac, zero1, zero2; n-sdp and bb-sdp alone and with fsdp; every SDP option at each of
-``coverages``).
+``advise(base, clusters, memory_gb=, rate=)`` tries ``candidates(base)`` (``OPTIONS``, from the
+strategy table: ``strategy.advisor_options``: the baselines ddp, ddp+ac, fsdp, fsdp+ac,
+ddp+zero1, ddp+zero2; b-sdp alone and composed with ac, fsdp, fsdp+ac, zero1, zero2; n-sdp and
+bb-sdp alone and with fsdp; every SDP option at each of ``coverages``).
 
 Memory is the fast analytic path (``analytic_peak``), not the fake-mode estimator (a real step
 under fake tensors: minutes per configuration at paper scale, ``estimate.budget``): the state
@@ -43,15 +43,14 @@ from subnetdp.estimate.memory import analytic_state, fsdp_unit_shapes
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.estimate.steptime import StepTime, collectives, predict_step
 from subnetdp.plan.communicators import communicators_per_rank
+from subnetdp.strategy import advisor_options
 from subnetdp.subnet.costs import ModelCosts, recipe_costs
 from subnetdp.subnet.neurons import default_groups, select_pairs
 
 GB = 1e9
 # what the advisor tries by default (names as ``strategy.parse_label`` reads them); every
 # SDP option at each coverage
-OPTIONS = ("ddp", "ddp+ac", "fsdp", "fsdp+ac", "ddp+zero1", "ddp+zero2",
-           "b-sdp", "b-sdp+ac", "b-sdp+fsdp", "b-sdp+fsdp+ac", "b-sdp+zero1", "b-sdp+zero2",
-           "n-sdp", "n-sdp+fsdp", "bb-sdp", "bb-sdp+fsdp")
+OPTIONS = advisor_options()
 COVERAGES = (0.5, 0.75)
 # ranks x units of the largest neuron-level plan the advisor builds (llama-tiny: 8 layer
 # pairs, so about 500 ranks; llama-1b: 32 pairs, about 250): beyond it n-sdp's groups,
@@ -179,7 +178,7 @@ def _runs(spec: BenchSpec, plan: Any, rank: int, n_units: int) -> list[float]:
     s = spec.strategy_value
     if plan is None or s.backward_masked:
         return [1.0] * n_units
-    if s.neuron_level:
+    if s.splits_layers:  # a share of every block
         total = sum(u.size for u in plan.units)
         return [sum(plan.units[u].size for u in plan.held_units(rank)) / total] * n_units
     held = set(plan.held_units(rank))
@@ -203,7 +202,7 @@ def _gathered(spec: BenchSpec, meta: Any, recipe: Any, plan: Any, rank: int) -> 
         shapes, shared_shapes = fsdp_unit_shapes(meta, recipe.adapter, plan, spec.strategy_value)
         shared = sum(math.prod(x) for x in shared_shapes)
         held = [sum(math.prod(x) for x in shapes[u]) for u in plan.held_units(rank)]
-    keep = held if spec.strategy_value.neuron_level else sorted(held)[-2:]
+    keep = held if spec.strategy_value.fsdp_keeps_gathered else sorted(held)[-2:]
     return float((shared + sum(keep)) * spec.gather_bytes)
 
 

@@ -85,9 +85,9 @@ def _num_units(spec: BenchSpec) -> int:
 
     recipe, meta = meta_model(spec)
     plan = make_bench_plan(spec.replace(coverage=1.0), meta, recipe)
-    # neuron level: units per layer are the groups (= world); block level: the blocks
-    neuron = spec.strategy_value.neuron_level
-    return min(spec.world, plan.num_units) if neuron else plan.num_units
+    # split layers: units per layer are the groups (= world); else the blocks
+    split = spec.strategy_value.splits_layers
+    return min(spec.world, plan.num_units) if split else plan.num_units
 
 
 def plan_budget(

@@ -146,7 +146,7 @@ def _sdp_fsdp_elems(
     parts once (kept gathered through backward, [Note: neuron groups] in runtime.fsdp).
     ``sizes``: the padded elements of (unit, holder count), shared by the ranks."""
     shapes, shared_shapes = unit_shapes  # fsdp_unit_shapes
-    gathers = 1 if spec.strategy_value.neuron_level else 2
+    gathers = 1 if spec.strategy_value.fsdp_keeps_gathered else 2
     everyone = tuple(range(plan.world))
     shared = sum(_padded_numel(s, plan.world) for s in shared_shapes)
     elems: dict[tuple[int, ...], tuple[int, int]] = {everyone: (shared, shared)}

@@ -24,7 +24,7 @@ from subnetdp.estimate.memory import MemoryEstimate, estimate_memory
 from subnetdp.estimate.spec import BenchSpec, composition_fields, make_bench_plan, meta_model
 from subnetdp.models import get_recipe
 from subnetdp.plan import Plan
-from subnetdp.strategy import Composition
+from subnetdp.strategy import STRATEGIES, Composition
 
 GB = 1e9
 ROUNDS = 4  # estimator checks; each lowers the capacities of the ranks that did not fit
@@ -98,8 +98,9 @@ def plan_for_budgets(base: BenchSpec, budgets_gb: Sequence[float], *,
     ``world`` is the number of budgets."""
     if not budgets_gb or min(budgets_gb) <= 0:
         raise BudgetError(f"give one positive budget per worker, got {list(budgets_gb)}")
-    if not base.is_sdp or base.strategy_value.neuron_level:
-        raise BudgetError(f"per-rank budgets need block units (b-sdp, bb-sdp), not "
+    if not base.strategy_value.balanceable:
+        balanceable = ", ".join(n for n, s in STRATEGIES.items() if s.balanceable)
+        raise BudgetError(f"per-rank budgets need block units ({balanceable}), not "
                           f"{base.strategy}: neuron groups are equal per layer")
     spec = base.replace(world=len(budgets_gb), scheme="balanced", balance="memory",
                         coverage=1.0, capacities=None)

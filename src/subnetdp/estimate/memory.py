@@ -377,7 +377,7 @@ def fsdp_unit_shapes(
     meta: nn.Module, adapter: UnitAdapter, plan: Plan, strategy: Strategy,
 ) -> tuple[list[list[tuple[int, ...]]], list[tuple[int, ...]]]:
     """The parameter shapes FSDP shards per unit (over its holders) and over the world."""
-    if strategy.neuron_level:
+    if strategy.splits_layers:
         pieces = full_pieces(meta, [u.name for u in plan.units],
                              match_plan(plan, meta, adapter, strategy))
         shapes: list[list[tuple[int, ...]]] = [[] for _ in plan.units]

@@ -223,7 +223,7 @@ def rank_flops(spec: BenchSpec, costs: ModelCosts, plan: Plan | None) -> list[Ra
     def of_rank(r: int) -> RankFlops:
         if plan is None or not s.is_sdp:
             held = [1.0] * len(units)
-        elif s.neuron_level:  # held fraction of every split layer
+        elif s.splits_layers:  # held fraction of every split layer
             frac = sum(plan.units[u].size for u in plan.held_units(r)) / total_unit
             held = [frac] * len(units)
         else:
@@ -286,7 +286,7 @@ def reduce_buckets(spec: BenchSpec, costs: ModelCosts, plan: Plan | None, flops:
     for c in colls:
         if c.phase != "backward" or c.fsdp:
             continue
-        if plan is None or not spec.is_sdp or spec.strategy_value.neuron_level:
+        if plan is None or not spec.is_sdp or spec.strategy_value.splits_layers:
             mine = list(range(len(units)))  # every unit has a piece in the group
         else:
             mine = [u for u in range(len(units)) if plan.holders(u) == c.group]

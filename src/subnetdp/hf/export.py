@@ -29,7 +29,6 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
 
     Returns ``{"checkpoint", "step", "tensors", "params", "out"}``."""
     import torch
-    from safetensors.torch import save_file
     from tokenizers import Tokenizer
 
     from subnetdp.checkpoint.files import (
@@ -39,22 +38,13 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
         verify_files,
     )
     from subnetdp.data.tokenizer import EOT
-    from subnetdp.filemode import share
     from subnetdp.hf.llama import hf_config, to_hf_state
     from subnetdp.hf.tokenizer import check_run_tokenizer, hf_tokenizer_files, run_tokenizer
     from subnetdp.models import get_recipe
     from subnetdp.models.llama.model import Llama
 
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out} already exists and is not empty; pass --overwrite to replace "
-                         "it or choose another --out (nothing was written)")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; --format hf writes a folder")
-    if out.is_dir() and any(out.iterdir()) and not _is_export(out):
-        raise ValueError(f"--out {out} holds files that `subnetdp export --format hf` did not "
-                         "write; --overwrite replaces only an earlier export: choose another "
-                         "--out (nothing was written)")
+    _check_out(out, overwrite)
     ckpt = resolve_checkpoint(source)
     manifest = read_manifest(ckpt, config_keys=config_keys)
     with torch.device("meta"):
@@ -84,6 +74,31 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     config = hf_config(model.config, eot_id=eot_id, dtype=dtypes.pop(), extra=extra)
     files = {"config.json": json.dumps(config, indent=2),
              **hf_tokenizer_files(tokenizer, eot=EOT, max_length=model.config.max_seq_len)}
+    _publish(out, state, files)
+    return {"checkpoint": str(ckpt), "step": manifest["step"], "tensors": len(state),
+            "params": sum(t.numel() for t in state.values()), "out": str(out)}
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` that is a file, or that holds anything but an earlier export (which
+    only ``overwrite`` replaces), before anything is read."""
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"{out} already exists and is not empty; pass --overwrite to replace "
+                         "it or choose another --out (nothing was written)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; --format hf writes a folder")
+    if out.is_dir() and any(out.iterdir()) and not _is_export(out):
+        raise ValueError(f"--out {out} holds files that `subnetdp export --format hf` did not "
+                         "write; --overwrite replaces only an earlier export: choose another "
+                         "--out (nothing was written)")
+
+
+def _publish(out: Path, state: dict[str, Any], files: dict[str, str]) -> None:
+    """``state`` as ``model.safetensors`` and ``files`` written to a staging folder beside
+    ``out``, which then replaces ``out`` whole."""
+    from safetensors.torch import save_file
+
+    from subnetdp.filemode import share
 
     staging = out.with_name(f".{out.name}.tmp")
     old = out.with_name(f".{out.name}.old")
@@ -102,8 +117,6 @@ def export_hf(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return {"checkpoint": str(ckpt), "step": manifest["step"], "tensors": len(state),
-            "params": sum(t.numel() for t in state.values()), "out": str(out)}
 
 
 def _is_export(folder: Path) -> bool:

@@ -75,7 +75,7 @@ class SDPTrainer(Trainer):
                  seed: int = 0, **kwargs: Any) -> None:
         options = SDPOptions.of(strategy, comp=comp, plan=plan, blocks=blocks, adapter=adapter,
                                 seed=seed, framework="the Hugging Face Trainer")
-        if options.spec.strategy.neuron_level and adapter is None and blocks is None:
+        if options.spec.strategy.splits_layers and adapter is None and blocks is None:
             options = replace(options, adapter=hf_decoder_adapter(model))
         if args.remove_unused_columns:
             raise ValueError("SDPTrainer needs TrainingArguments(remove_unused_columns=False): "

@@ -214,7 +214,7 @@ class FSDPBackend:
         held_set = set(held)
         # The FSDP units: blocks, or under n-sdp/nb-sdp the per-group parts of grouped layers
         # (nb-sdp keeps every group's part, [Note: nb-sdp] in runtime.fsdp).
-        if strategy.neuron_level:
+        if strategy.splits_layers:
             units = [(u, part) for layer in module.modules() if isinstance(layer, GroupedLayer)
                      for u, part in zip(layer.units, layer.parts, strict=True)]
             local_units = {u for u, _ in units}
@@ -228,7 +228,8 @@ class FSDPBackend:
                     m.requires_grad_(False)
         shardable = [(u, m) for u, m in units if u in held_set]
         mode = ADJACENT if prefetch else OFF
-        check_fsdp_schedule(plan, module_units, reshard_after_forward=not strategy.neuron_level,
+        check_fsdp_schedule(plan, module_units,
+                            reshard_after_forward=not strategy.fsdp_keeps_gathered,
                             prefetch=mode, refresh=strategy.backward_masked)
         frozen = [p for p in module.parameters() if not p.requires_grad]
         if strategy.backward_masked and param_dtype is not None:
@@ -245,7 +246,7 @@ class FSDPBackend:
         self.sharded, self.traffic = shard_blocks(
             module, shardable, plan, groups, device_type=device.type, mp_policy=policy,
             frozen=frozen,
-            reshard_after_forward=not strategy.neuron_level,  # [Note: neuron groups]
+            reshard_after_forward=not strategy.fsdp_keeps_gathered,  # [Note: neuron groups]
             prefetch=mode, gloo=gloo,
         )
         self.trainable = Trainable(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -32,6 +32,7 @@ from subnetdp.strategy import Composition, RankSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.build import drop_units, is_on_meta, materialize, narrow_tensors
 from subnetdp.subnet.match import match_plan
+from subnetdp.subnet.neurons import NeuronGroup
 from subnetdp.subnet.pieces import full_pieces, local_pieces, local_slices
 from subnetdp.subnet.scaling import scale_kept_outputs
 from subnetdp.subnet.units import unit_modules
@@ -119,18 +120,9 @@ class SubnetDataParallel(nn.Module):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if not checked or plan.world != self.world:
             plan.validate(self.world)  # a checked plan: only to say how to rebuild it
-        fsdp, zero, output_scaling = comp.fsdp, comp.zero, comp.output_scaling
+        fsdp, zero = comp.fsdp, comp.zero
         self.plan, self.adapter, self.strategy = plan, adapter, strat
-        neuron_groups = match_plan(plan, module, adapter, strat)
-        self.unit_names = [u.name for u in plan.units]
-        # The full model's state cut along unit boundaries, and where this rank's pieces live.
-        self.pieces = full_pieces(module, self.unit_names, neuron_groups)
-        self.full_state_keys = list(module.state_dict().keys())
-        self.held_units = plan.held_units(self.rank)
-        self.backward_masked = strat.backward_masked
-        # Forward masking keeps only held units locally; backward masking keeps the full model.
-        local_units = range(plan.num_units) if self.backward_masked else self.held_units
-        self.local = local_pieces(self.pieces, local_units)
+        neuron_groups, local_units = self._cut_state(module, adapter)
         dev = torch.device(device) if device is not None else _default_device()
         materialised = not is_on_meta(module)
         # One process group per distinct holder set (FSDP also wants one-rank groups, so that
@@ -139,9 +131,49 @@ class SubnetDataParallel(nn.Module):
                                    world=self.world, singletons=fsdp)
         self.module = self._build_local(module, adapter, dev, init_seed,
                                         local_slices(self.pieces, local_units))
-        if fsdp and strat.neuron_level:  # one sub-layer per neuron group (FSDP needs it)
+        self._wrap_layers(module, adapter, comp, neuron_groups)
+        self.backend: Backend = self._make_backend(module, adapter, comp, param_dtype,
+                                                   reduce_dtype, dev)
+        self.zero = zero
+        self._zero_opt: ZeroOptimizer | None = None  # the latest optimizer built under zero
+        self.fsdp = fsdp
+        self.refresh_every = comp.refresh_every
+        self._refreshed_through = 0  # reductions already followed by a refresh
+        if materialised:
+            self._replace_own_init()
+
+    def _replace_own_init(self) -> None:
+        """Backward masking runs every unit; a non-holder's copy came from its own init (its
+        own seed): the owners' values replace it before the first forward, as the meta
+        path's name-seeded init would have made it. Not traffic of any step."""
+        if self.backend.refresher is not None:
+            self.backend.refresher.refresh()
+
+    def _cut_state(
+        self, module: nn.Module, adapter: UnitAdapter,
+    ) -> tuple[list[NeuronGroup] | None, Sequence[int]]:
+        """The full model's state cut along unit boundaries, and where this rank's pieces
+        live. Returns the plan's neuron groups (None: block units) and the local units."""
+        plan = self.plan
+        neuron_groups = match_plan(plan, module, adapter, self.strategy)
+        self.unit_names = [u.name for u in plan.units]
+        self.pieces = full_pieces(module, self.unit_names, neuron_groups)
+        self.full_state_keys = list(module.state_dict().keys())
+        self.held_units = plan.held_units(self.rank)
+        self.backward_masked = self.strategy.backward_masked
+        # Forward masking keeps only held units locally; backward masking keeps the full model.
+        local_units = range(plan.num_units) if self.backward_masked else self.held_units
+        self.local = local_pieces(self.pieces, local_units)
+        return neuron_groups, local_units
+
+    def _wrap_layers(self, module: nn.Module, adapter: UnitAdapter, comp: Composition,
+                     neuron_groups: list[NeuronGroup] | None) -> None:
+        """What the local model's layers get before a backend takes them: sub-layers per
+        group (FSDP), output scaling, compile and activation checkpointing per block."""
+        strat = self.strategy
+        if comp.fsdp and strat.splits_layers:  # one sub-layer per neuron group (FSDP needs it)
             group_layers(module, self.local)
-        scaling = output_scaling or strat.default_output_scaling
+        scaling = comp.output_scaling or strat.default_output_scaling
         self._scaling_hooks = (scale_kept_outputs(module, neuron_groups, self.held_units)
                                if scaling == "keep" and neuron_groups else [])
         blocks = [name for name, m in unit_modules(module, adapter)
@@ -150,29 +182,22 @@ class SubnetDataParallel(nn.Module):
             compile_blocks(module, blocks)
         if comp.ac:  # before sharding: FSDP's hooks stay outside recompute
             checkpoint_blocks(module, blocks)
-        self.backend: Backend = (
-            FSDPBackend(module, plan=plan, rank=self.rank, groups=self.groups, adapter=adapter,
-                        pieces=self.pieces, local=self.local, held=self.held_units,
-                        strategy=strat, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                        device=dev, prefetch=comp.fsdp_prefetch,
-                        gloo=GlooComms(comp.ring_reduce_scatter, comp.async_unshard))
-            if fsdp else
-            ReducerBackend(module, plan=plan, rank=self.rank, groups=self.groups,
-                           pieces=self.pieces, local=self.local, held=self.held_units,
-                           strategy=strat, bucket_cap_mb=comp.bucket_cap_mb,
-                           param_dtype=param_dtype,
-                           zero=zero)
-        )
-        self.zero = zero
-        self._zero_opt: ZeroOptimizer | None = None  # the latest optimizer built under zero
-        self.fsdp = fsdp
-        self.refresh_every = comp.refresh_every
-        self._refreshed_through = 0  # reductions already followed by a refresh
-        if materialised and self.backend.refresher is not None:
-            # Backward masking runs every unit; a non-holder's copy came from its own init
-            # (its own seed): the owners' values replace it before the first forward, as the
-            # meta path's name-seeded init would have made it. Not traffic of any step.
-            self.backend.refresher.refresh()
+
+    def _make_backend(self, module: nn.Module, adapter: UnitAdapter, comp: Composition,
+                      param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None,
+                      dev: torch.device) -> Backend:
+        """FSDP2 per holder group (``fsdp``), or the holder reducer."""
+        if comp.fsdp:
+            return FSDPBackend(
+                module, plan=self.plan, rank=self.rank, groups=self.groups, adapter=adapter,
+                pieces=self.pieces, local=self.local, held=self.held_units,
+                strategy=self.strategy, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                device=dev, prefetch=comp.fsdp_prefetch,
+                gloo=GlooComms(comp.ring_reduce_scatter, comp.async_unshard))
+        return ReducerBackend(module, plan=self.plan, rank=self.rank, groups=self.groups,
+                              pieces=self.pieces, local=self.local, held=self.held_units,
+                              strategy=self.strategy, bucket_cap_mb=comp.bucket_cap_mb,
+                              param_dtype=param_dtype, zero=comp.zero)
 
     def _build_local(
         self, module: nn.Module, adapter: UnitAdapter, device: torch.device, seed: int,

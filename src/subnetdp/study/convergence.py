@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.metrics.sinks import rank_jsonl_path, read_jsonl, val_jsonl_path, write_json_atomic
+from subnetdp.strategy import STRATEGIES
 from subnetdp.study.runner import CellResult
 from subnetdp.study.suite import Suite, TaskSpec
 from subnetdp.train.config import TrainConfig
@@ -38,7 +39,7 @@ DOWNSTREAM_TASKS = ("arc_easy", "boolq", "hellaswag", "openbookqa", "sciq")
 # user time for a llama-tiny run at seq_len 128, 5 tasks)
 DOWNSTREAM_LIMIT = 500
 FLAT_FRACTION, FLAT_TOLERANCE = 0.2, 0.01  # under 1 % change over the last fifth
-METHODS = ("ddp", "b-sdp", "n-sdp", "bb-sdp")
+METHODS = tuple(n for n, s in STRATEGIES.items() if s.long_study)
 
 # Periodic validation (`--eval-every N`, written as val_loss records to the metrics) where this
 # checkout has it: the curves then show validation loss, and the criterion uses it.

@@ -7,17 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.study.aggregate import Row
-from subnetdp.study.suite import TaskSpec, is_reference
+from subnetdp.study.suite import METHODS, TaskSpec, is_reference
 
-STYLE = {  # method -> (colour, marker)
-    "ddp": ("black", "*"),
-    "b-sdp": ("tab:blue", "o"),
-    "n-sdp": ("tab:orange", "s"),
-    "bb-sdp": ("tab:cyan", "^"),
-    "nb-sdp": ("tab:red", "v"),
-    "ddp+sd": ("tab:green", "D"),
-    "ddp+dropout": ("tab:purple", "P"),
-}
+# (colour, marker) per method, in the study's method order (every strategy of the table, then
+# the regularised baselines); a method past the palette is drawn grey
+_PALETTE = (("black", "*"), ("tab:blue", "o"), ("tab:orange", "s"), ("tab:cyan", "^"),
+            ("tab:red", "v"), ("tab:green", "D"), ("tab:purple", "P"), ("tab:brown", "X"),
+            ("tab:pink", "<"), ("tab:olive", ">"))
+STYLE = dict(zip(METHODS, _PALETTE, strict=False))
 
 
 def _pyplot() -> Any:

@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.metrics.report import row_values
+from subnetdp.strategy import SDP_NAMES, STRATEGIES
 from subnetdp.study.aggregate import Row, Stat
 from subnetdp.study.runner import load_result, run_cell
 from subnetdp.study.suite import (
     BUDGETS,
+    REGULARISED,
     SUITES,
     Cell,
     Suite,
@@ -132,9 +134,14 @@ def remeasure_ddp_memory(suite: Suite, task: TaskSpec, results: Path, runs: Path
     return write_task_results(suite, task, rows, payload, results, plots=plots)
 
 
-# quality.md's summary rows: pairs of methods, a ratio to DDP per coverage (step-matched)
-_SUMMARY_PAIRS = (("b-sdp", "n-sdp", "b-sdp, n-sdp"), ("bb-sdp", "nb-sdp", "bb-sdp, nb-sdp"),
-                  ("ddp+sd", "ddp+dropout", "stoch. depth, dropout"))
+def _summary_rows() -> list[tuple[tuple[str, ...], str]]:
+    """quality.md's summary rows (methods, title): the SDP strategies of the table grouped by
+    masking (b-sdp, n-sdp; bb-sdp, nb-sdp), then the regularised baselines."""
+    by_masking: dict[str, list[str]] = {}
+    for name in SDP_NAMES:
+        by_masking.setdefault(STRATEGIES[name].masking, []).append(name)
+    rows = [(tuple(names), ", ".join(names)) for names in by_masking.values()]
+    return [*rows, (tuple(REGULARISED), "stoch. depth, dropout")]
 
 
 def memory_ratio_lines(rows: dict[str, list[Row]]) -> list[str]:
@@ -144,8 +151,8 @@ def memory_ratio_lines(rows: dict[str, list[Row]]) -> list[str]:
     coverages = sorted({r.coverage for r in step if not is_reference(r.method)}, reverse=True)
     mem = {(r.method, r.coverage): r.memory.mean for r in step}
     lines = []
-    for a, b, title in _SUMMARY_PAIRS:
-        cells = [", ".join(f"{mem[(m, c)] / base:.2f}" if (m, c) in mem else "-" for m in (a, b))
+    for methods, title in _summary_rows():
+        cells = [", ".join(f"{mem[(m, c)] / base:.2f}" if (m, c) in mem else "-" for m in methods)
                  for c in coverages]
         lines.append(f"| peak memory / DDP: {title} | | " + " | ".join(cells) + " |")
     return lines

@@ -96,7 +96,7 @@ def neuron_groups(method: str, coverage: float, world: int) -> int | None:
     makes it one (C = 0.375 on 4 workers: 8 groups, 3 held; with 4, round(1.5) = 2 would be
     held, i.e. C = 0.5). A pair with fewer slots than groups (llama-tiny's 4 attention heads)
     still gets one group per slot, so its coverage stays rounded."""
-    if not method_strategy(method).neuron_level:
+    if not method_strategy(method).splits_layers:
         return None
     for m in range(1, 9):
         k = coverage * world * m

@@ -18,7 +18,7 @@ def match_plan(
     level; at neuron level, return the neuron groups its units name (in plan order)."""
     name = type(module).__name__
     groups: list[NeuronGroup] | None = None
-    if strategy.neuron_level:
+    if strategy.splits_layers:
         groups = plan_groups(module, adapter, [u.name for u in plan.units])
         sizes = unit_sizes(module, groups)
     else:

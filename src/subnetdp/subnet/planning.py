@@ -35,7 +35,7 @@ def build_plan(
     if spec.plan_file is not None:
         units, shared = describe_units(model, adapter)  # a bare matrix's columns
         return read_plan_file(spec.plan_file, units=units, shared_size=shared, world=world)
-    if strategy.neuron_level:
+    if strategy.splits_layers:
         if spec.balanced:
             raise ValueError("--scheme balanced is for block units; a layer's neuron groups "
                              "are equal, so spread already balances n-sdp/nb-sdp")

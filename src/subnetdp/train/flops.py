@@ -19,7 +19,7 @@ def rank_step_flops(cfg: TrainConfig, recipe: Any, overrides: dict[str, Any], pl
     unit) and b-sdp (its held units); None for the neuron-level and backward-masked strategies,
     whose per-rank work the per-unit counts do not describe. Activation recomputation (--ac) is
     not model FLOPs and is not counted, as in torchtitan."""
-    if strategy.neuron_level or strategy.backward_masked:
+    if strategy.is_sdp and not strategy.drops_blocks:
         return None
     assert cfg.batch_size is not None
     with torch.device("meta"):

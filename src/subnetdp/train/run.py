@@ -10,10 +10,14 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from subnetdp.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from subnetdp.plan import Plan
 
 START_TIMEOUT_MIN_S = 120.0  # a loaded machine may take a while to start every worker
 
@@ -27,72 +31,28 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     # (seconds to a minute); under torchrun there is none, and rank 0 speaks for the run.
     say = _say if cfg.progress and "RANK" not in os.environ else None
     # torch, the models and the trainer load when a run starts, not on import
-    from subnetdp.checkpoint.files import resolve_checkpoint
-    from subnetdp.checkpoint.rundir import (
-        RUN_ENTRIES,
-        check_fresh,
-        check_run_inputs,
-        hold_run_folder,
-        set_aside_newer,
-    )
-    from subnetdp.distributed import faults
+    from subnetdp.checkpoint.rundir import check_run_inputs, hold_run_folder
     from subnetdp.distributed.launch import WorkerFailedError
     from subnetdp.distributed.process_group import under_launcher
-    from subnetdp.filemode import check_no_links, folder_id, write_atomic
+    from subnetdp.filemode import write_atomic
     from subnetdp.metrics.progress import LiveBar, draws_bar
-    from subnetdp.train.build import replanner
-    from subnetdp.train.elastic import check_replan_options, launch_shrinking, shrink_holders
-    from subnetdp.train.hetero import budget_plan, check_world, write_budget_plan
-    from subnetdp.train.rescue import unreached_phase
-    from subnetdp.train.resume import (
-        NonFiniteLossError,
-        preflight_resume,
-        recorded_data,
-        restart_count,
-    )
-    from subnetdp.train.tasks import make_task
+    from subnetdp.train.elastic import launch_shrinking
+    from subnetdp.train.hetero import check_world, write_budget_plan
+    from subnetdp.train.resume import NonFiniteLossError, restart_count
     from subnetdp.train.trainer import train_worker
 
     cfg = cfg.resolved()
     if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
         check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
-    plan = None  # under torchrun every worker makes its own
-    holders: dict[int, int] = {}  # the --min-holders of each world a shrink may reach
-    mapped: list[str] = []  # the files the workers memory-map, named if one dies of SIGBUS
-    if not under_launcher():
-        from subnetdp.train.validate import preflight
-
-        if say:
-            say("checking the model, plan and data (the first run also builds the tokenizer) "
-                "...")
-        # the tokenizer/token cache is built once, here, before the workers start; then the
-        # model, the plan that will run (read or built once, here: the workers get it), data
-        # and folder are checked on the meta device (train/validate.py)
-        task = make_task(cfg, recorded_data(cfg))
-        plan = preflight(cfg, task, budget_plan(cfg, cfg.nproc))
-        mapped = task.mapped_files()
-        # Refuse a damaged checkpoint or one for another world before anything is written.
-        if cfg.resume:
-            preflight_resume(cfg)
-        check_replan_options(cfg)
-        holders = shrink_holders(cfg, replanner(cfg, task.model_overrides()))
-        # a testing hook ([Note: rescue]), ignored unless set: refused if it could never fire
-        faults.check_env(cfg.nproc, first=_first_step(cfg), last=cfg.steps,
-                         unreached=functools.partial(unreached_phase, cfg))
+    # under torchrun every worker makes its own plan
+    plan, holders, mapped = (None, {}, []) if under_launcher() else _preflight(cfg, say)
     # One writer per run folder, held across restarts and shrinks (checkpoint/rundir.py); under
     # torchrun rank 0 holds it, before the process group (so any rank's write) exists.
     owner = not under_launcher() or os.environ.get("RANK") == "0"
     logs = Path(cfg.out) / "logs"  # every worker's output and the agent's log
     with hold_run_folder(Path(cfg.out)) if owner else contextlib.nullcontext() as lock:
         if owner and restart_count() == 0:  # a torchrun restart continues its own folder
-            out = Path(cfg.out)
-            check_no_links(out, RUN_ENTRIES)  # [Note: no links inside a run folder]
-            check_fresh(out, resume=bool(cfg.resume), overwrite=cfg.overwrite,
-                        folder=folder_id(out))
-            aside = set_aside_newer(resolve_checkpoint(cfg.resume)) if cfg.resume else None
-            if aside is not None:
-                print(f"notice: resuming from {cfg.resume}: the run's newer checkpoints were "
-                      f"moved to {aside} (nothing was deleted)", file=sys.stderr, flush=True)
+            _claim_folder(cfg)
         # --capacities/--memory-gb (train/hetero.py); under torchrun each worker checks them
         check_world(cfg, int(os.environ["WORLD_SIZE"]) if under_launcher() else cfg.nproc,
                     worker=under_launcher())
@@ -125,6 +85,57 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
         raise NonFiniteLossError(stopped[0])
     summary_path = Path(cfg.out) / "summary.json"
     return json.loads(summary_path.read_text()) if summary_path.exists() else {}
+
+
+def _preflight(
+    cfg: TrainConfig, say: Callable[[str], None] | None,
+) -> tuple[Plan, dict[int, int], list[str]]:
+    """The launching process's checks before any worker starts. Returns the plan that will
+    run (read or built once, here: the workers get it), the --min-holders of each world a
+    shrink may reach, and the files the workers memory-map (named if one dies of SIGBUS)."""
+    from subnetdp.distributed import faults
+    from subnetdp.train.build import replanner
+    from subnetdp.train.elastic import check_replan_options, shrink_holders
+    from subnetdp.train.hetero import budget_plan
+    from subnetdp.train.rescue import unreached_phase
+    from subnetdp.train.resume import preflight_resume, recorded_data
+    from subnetdp.train.tasks import make_task
+    from subnetdp.train.validate import preflight
+
+    if say:
+        say("checking the model, plan and data (the first run also builds the tokenizer) "
+            "...")
+    # the tokenizer/token cache is built once, here, before the workers start; then the
+    # model, the plan, data and folder are checked on the meta device (train/validate.py)
+    task = make_task(cfg, recorded_data(cfg))
+    plan = preflight(cfg, task, budget_plan(cfg, cfg.nproc))
+    mapped = task.mapped_files()
+    # Refuse a damaged checkpoint or one for another world before anything is written.
+    if cfg.resume:
+        preflight_resume(cfg)
+    check_replan_options(cfg)
+    holders = shrink_holders(cfg, replanner(cfg, task.model_overrides()))
+    # a testing hook ([Note: rescue]), ignored unless set: refused if it could never fire
+    faults.check_env(cfg.nproc, first=_first_step(cfg), last=cfg.steps,
+                     unreached=functools.partial(unreached_phase, cfg))
+    return plan, holders, mapped
+
+
+def _claim_folder(cfg: TrainConfig) -> None:
+    """The run folder's owner, before the first worker: no links inside it, fresh unless
+    resumed or overwritten, a resumed run's newer checkpoints set aside (never deleted)."""
+    from subnetdp.checkpoint.files import resolve_checkpoint
+    from subnetdp.checkpoint.rundir import RUN_ENTRIES, check_fresh, set_aside_newer
+    from subnetdp.filemode import check_no_links, folder_id
+
+    out = Path(cfg.out)
+    check_no_links(out, RUN_ENTRIES)  # [Note: no links inside a run folder]
+    check_fresh(out, resume=bool(cfg.resume), overwrite=cfg.overwrite,
+                folder=folder_id(out))
+    aside = set_aside_newer(resolve_checkpoint(cfg.resume)) if cfg.resume else None
+    if aside is not None:
+        print(f"notice: resuming from {cfg.resume}: the run's newer checkpoints were "
+              f"moved to {aside} (nothing was deleted)", file=sys.stderr, flush=True)
 
 
 def _first_step(cfg: TrainConfig) -> int:

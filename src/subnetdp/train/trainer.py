@@ -6,6 +6,8 @@ import math
 import platform
 import statistics
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ from subnetdp.models import get_recipe
 from subnetdp.parallelize import storage_dtype
 from subnetdp.plan import Plan, diagnostics, worker_bytes
 from subnetdp.runtime.rank import RankModel
+from subnetdp.runtime.reducer import CommStats
 from subnetdp.subnet.build import build_full_model
 from subnetdp.train.build import build_rank, make_optimizer, run_plan, save_plan
 from subnetdp.train.config import TrainConfig
@@ -175,6 +178,57 @@ class _Window:
 
 
 def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str, Any]:
+    run = _start(cfg, rank, world, plan)
+    _loop(run)
+    return _finish(run)
+
+
+@dataclass
+class _RunState:
+    """One worker's run: built by ``_start``, advanced by ``_loop`` (``_step`` per step),
+    summarised by ``_finish``."""
+
+    cfg: TrainConfig
+    rank: int
+    world: int
+    out: Path
+    device: torch.device
+    recipe: Any
+    task: Task
+    overrides: dict[str, Any]
+    plan: Plan
+    model: RankModel
+    opt: torch.optim.Optimizer
+    sched: Any
+    ckpt: Checkpointer
+    start: int  # the last step already applied (a resume's), 0 for a fresh run
+    stop: GracefulStop
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
+    losses: list[float]
+    progress: Progress
+    comm: CommStats
+    peak: float | None
+    flops: float | None
+    val_sink: JsonlSink | None
+    tracker: Tracker
+    loop_start: float
+    commit: StepCommit
+    watch: StragglerWatch  # [Note: stragglers]
+    window: _Window = field(default_factory=_Window)
+    times: list[float] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+    step_bytes: list[int] = field(default_factory=list)
+    # backward masking: owners -> non-holders, before forward
+    refresh_bytes: list[int] = field(default_factory=list)
+    saved: Path | None = None  # the newest checkpoint this run wrote (the summary names it)
+    max_active: float | None = None  # CPU: known from the memory step on
+    train_time: float = 0.0
+    evaluation: dict[str, float] = field(default_factory=dict)  # the summary's
+
+
+def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> _RunState:
+    """Everything before the first step: the folder, the plan, this rank's model, optimizer
+    and checkpointer (restored on a resume), the run's files (rank 0), the data and sinks."""
     out = Path(cfg.out)
     check_shared_folder(out, rank)  # a node-local --out fails here, not at the first checkpoint
     out.mkdir(parents=True, exist_ok=True)
@@ -207,21 +261,14 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
         save_run_tokenizer(task, out)  # the run keeps its own tokenizer (for export)
 
     batches = task.batches(rank=rank, world=world, start_step=start)  # exact data position
-    times: list[float] = []
     losses = drop_replayed_metrics(rank_jsonl_path(out, rank), start, resumed=source is not None)
-    memory: dict[str, Any] = {}
-    step_bytes: list[int] = []
-    refresh_bytes: list[int] = []  # backward masking: owners -> non-holders, before forward
     progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress,
                         desc=cfg.strategy_value.name, start=start)
     comm = model.comm_stats
-    window = _Window()
-    saved: Path | None = None  # the newest checkpoint this run wrote (the summary names it)
     peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                       cfg.peak_tflops)
     flops = (rank_step_flops(cfg, recipe, overrides, plan, model.strategy, rank)
              if peak is not None else None)
-    max_active: float | None = None  # CPU: known from the memory step on
     val_sink = None
     if rank == 0:
         drop_replayed_metrics(val_jsonl_path(out), start, resumed=source is not None)
@@ -233,75 +280,101 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
     # a lost peer: save what this rank holds for the launcher to compose ([Note: rescue])
     commit = StepCommit(rescue_enabled(cfg), applied=start, device=device)
     watch = StragglerWatch(rank, world, device, start=start, enabled=not cfg.fsdp)
-    with (JsonlSink(rank_jsonl_path(out, rank)) as sink,
-          save_rescue(commit, ckpt, opt, sched, out)):
-        for done in range(start + 1, cfg.steps + 1):  # steps are counted from 1 (torchtitan)
-            faults.at_step(done)
-            batch = to_device(next(batches), device)
-            lr = sched.get_last_lr()[0]  # the rate this step uses
-            sent_before, refreshed_before = comm.total_bytes, comm.total_refresh_bytes
-            t0 = time.perf_counter()
-            if done == cfg.memory_step:
-                (loss, norm), report = measure_step_memory(
-                    partial(train_step, model, opt, sched, task, batch, cfg.grad_clip or 0.0,
-                            commit),
-                    modules=model.tracked_modules(), optimizers=[opt],
-                    grad_tensors=model.grad_buffers(),
-                )
-                memory = report.to_dict()
-                max_active = report.peak_bytes / 2**30
-            else:
-                loss, norm = train_step(model, opt, sched, task, batch, cfg.grad_clip or 0.0,
-                                        commit)
-            dt = time.perf_counter() - t0
-            watch.step_done(done)
-            # A segment too short for a warm-up (a resume near the end) times every step.
-            warm = done - start > WARMUP_STEPS or cfg.steps - start <= WARMUP_STEPS
-            if warm and done != cfg.memory_step:
-                times.append(dt)
-            step_bytes.append(comm.total_bytes - sent_before)
-            refresh_bytes.append(comm.total_refresh_bytes - refreshed_before)
-            tps = task.items_per_batch / dt
-            if device.type == "cuda":  # the allocator's counter: no sync
-                max_active = torch.cuda.max_memory_allocated(device) / 2**30
-            window.add(done, loss, norm, {
-                "lr": lr, "time/step_s": dt, "throughput(tps)": tps,
-                **({MFU: 100 * flops / dt / peak} if flops is not None and peak else {}),
-                **({MAX_ACTIVE: max_active} if max_active is not None else {}),
-                "comm/bytes_per_step": step_bytes[-1],
-                "comm/refresh_bytes_per_step": refresh_bytes[-1]})
-            due = ckpt.due(done)
-            # the first step too, so that a progress line shows at once (one more host sync)
-            if due or done % cfg.log_every == 0 or done == cfg.steps or done == start + 1:
-                losses += window.flush(sink, out, tracker, state_finite(model, opt))
-                if slow := watch.exchange(done):
-                    print(slow, flush=True)
-                progress.update(done, loss=losses[-1], tps=tps * world, lr=float(lr))
-            if due:
-                faults.point("checkpoint")
-                with slow_phase(cfg.collective_timeout):
-                    saved = ckpt.save(done)
-            if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-                with slow_phase(cfg.collective_timeout):  # peers wait while rank 0 evaluates
-                    evaluation = _evaluate(model, recipe, task, device, overrides, rank, cfg)
-                    _log_evaluation(done, evaluation, val_sink, tracker)
-                    # here, not in the next step's collective, whose timeout is the short one
-                    dist.barrier(**_barrier_device(device))
-                progress.message(f"validation at step {done}/{cfg.steps}: "
-                                 + _format_evaluation(evaluation))
-            stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
-        progress.close()
-        train_time = time.perf_counter() - loop_start
+    return _RunState(cfg, rank, world, out, device, recipe, task, overrides, plan, model, opt,
+                     sched, ckpt, start, stop, batches, losses, progress, comm, peak, flops,
+                     val_sink, tracker, loop_start, commit, watch)
+
+
+def _loop(run: _RunState) -> None:
+    """The steps after ``run.start`` up to ``--steps``, then the full model's validation (the
+    summary's)."""
+    cfg = run.cfg
+    with (JsonlSink(rank_jsonl_path(run.out, run.rank)) as sink,
+          save_rescue(run.commit, run.ckpt, run.opt, run.sched, run.out)):
+        for done in range(run.start + 1, cfg.steps + 1):  # steps are counted from 1 (torchtitan)
+            _step(run, done, sink)
+        run.progress.close()
+        run.train_time = time.perf_counter() - run.loop_start
         set_timeout(slow_timeout(cfg.collective_timeout))  # peers wait while rank 0 evaluates
-        progress.message(f"validating the full model ({cfg.eval_batches} batches"
-                         f"{', ' + ','.join(cfg.eval_tasks) if cfg.eval_tasks else ''}) ...")
-        evaluation = _evaluate(model, recipe, task, device, overrides, rank, cfg)  # the summary's
-        _log_evaluation(cfg.steps, evaluation, val_sink, tracker)
-    tracker.close()
-    if val_sink is not None:
-        val_sink.close()
-    median = statistics.median(times) if times else float("nan")
+        run.progress.message(f"validating the full model ({cfg.eval_batches} batches"
+                             f"{', ' + ','.join(cfg.eval_tasks) if cfg.eval_tasks else ''}) ...")
+        run.evaluation = _evaluate(run.model, run.recipe, run.task, run.device, run.overrides,
+                                   run.rank, cfg)
+        _log_evaluation(cfg.steps, run.evaluation, run.val_sink, run.tracker)
+
+
+def _step(run: _RunState, done: int, sink: JsonlSink) -> None:
+    """Step ``done``: train, record, write the window on log steps, checkpoint when due,
+    validate every ``--eval-every`` steps."""
+    cfg, model, opt, sched, comm = run.cfg, run.model, run.opt, run.sched, run.comm
+    faults.at_step(done)
+    batch = to_device(next(run.batches), run.device)
+    lr = sched.get_last_lr()[0]  # the rate this step uses
+    sent_before, refreshed_before = comm.total_bytes, comm.total_refresh_bytes
+    t0 = time.perf_counter()
+    if done == cfg.memory_step:
+        (loss, norm), report = measure_step_memory(
+            partial(train_step, model, opt, sched, run.task, batch, cfg.grad_clip or 0.0,
+                    run.commit),
+            modules=model.tracked_modules(), optimizers=[opt],
+            grad_tensors=model.grad_buffers(),
+        )
+        run.memory = report.to_dict()
+        run.max_active = report.peak_bytes / 2**30
+    else:
+        loss, norm = train_step(model, opt, sched, run.task, batch, cfg.grad_clip or 0.0,
+                                run.commit)
+    dt = time.perf_counter() - t0
+    run.watch.step_done(done)
+    # A segment too short for a warm-up (a resume near the end) times every step.
+    warm = done - run.start > WARMUP_STEPS or cfg.steps - run.start <= WARMUP_STEPS
+    if warm and done != cfg.memory_step:
+        run.times.append(dt)
+    run.step_bytes.append(comm.total_bytes - sent_before)
+    run.refresh_bytes.append(comm.total_refresh_bytes - refreshed_before)
+    tps = run.task.items_per_batch / dt
+    if run.device.type == "cuda":  # the allocator's counter: no sync
+        run.max_active = torch.cuda.max_memory_allocated(run.device) / 2**30
+    flops, peak, max_active = run.flops, run.peak, run.max_active
+    run.window.add(done, loss, norm, {
+        "lr": lr, "time/step_s": dt, "throughput(tps)": tps,
+        **({MFU: 100 * flops / dt / peak} if flops is not None and peak else {}),
+        **({MAX_ACTIVE: max_active} if max_active is not None else {}),
+        "comm/bytes_per_step": run.step_bytes[-1],
+        "comm/refresh_bytes_per_step": run.refresh_bytes[-1]})
+    due = run.ckpt.due(done)
+    # the first step too, so that a progress line shows at once (one more host sync)
+    if due or done % cfg.log_every == 0 or done == cfg.steps or done == run.start + 1:
+        run.losses += run.window.flush(sink, run.out, run.tracker, state_finite(model, opt))
+        if slow := run.watch.exchange(done):
+            print(slow, flush=True)
+        run.progress.update(done, loss=run.losses[-1], tps=tps * run.world, lr=float(lr))
+    if due:
+        faults.point("checkpoint")
+        with slow_phase(cfg.collective_timeout):
+            run.saved = run.ckpt.save(done)
+    if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+        with slow_phase(cfg.collective_timeout):  # peers wait while rank 0 evaluates
+            evaluation = _evaluate(model, run.recipe, run.task, run.device, run.overrides,
+                                   run.rank, cfg)
+            _log_evaluation(done, evaluation, run.val_sink, run.tracker)
+            # here, not in the next step's collective, whose timeout is the short one
+            dist.barrier(**_barrier_device(run.device))
+        run.progress.message(f"validation at step {done}/{cfg.steps}: "
+                             + _format_evaluation(evaluation))
+    run.stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
+
+
+def _finish(run: _RunState) -> dict[str, Any]:
+    """Close the sinks; gather every rank's stats; rank 0 writes ``summary.json``. Returns
+    this rank's stats."""
+    cfg, rank, world, plan, model = run.cfg, run.rank, run.world, run.plan, run.model
+    run.tracker.close()
+    if run.val_sink is not None:
+        run.val_sink.close()
+    median = statistics.median(run.times) if run.times else float("nan")
     wb = worker_bytes(plan, rank, masking=model.strategy.cost_masking)
+    step_bytes, refresh_bytes = run.step_bytes, run.refresh_bytes
     stats = {
         "rank": rank,
         "params_held": model.params_held,  # stored on this rank (FSDP: its shards)
@@ -309,28 +382,29 @@ def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str
         # the first step has nothing to refresh yet; the median is the steady state
         "refresh_bytes_per_step": statistics.median(refresh_bytes[1:] or refresh_bytes or [0]),
         "units_held": plan.held_units(rank),
-        "peak_memory_bytes": memory.get("peak_bytes"),
-        "max_active": max_active,  # GiB; the summary's memory/max_active(GiB)
-        "memory": memory,
+        "peak_memory_bytes": run.memory.get("peak_bytes"),
+        "max_active": run.max_active,  # GiB; the summary's memory/max_active(GiB)
+        "memory": run.memory,
         "comm_bytes_per_step": statistics.median(step_bytes[1:] or step_bytes or [0]),
         "comm_ring_bytes_per_step": wb.allreduce_ring,
         # counted by the reducers: per step, by collective and by process group (payload, ring)
-        "comm": comm_record(comm, steps=cfg.steps - start),
+        "comm": comm_record(run.comm, steps=cfg.steps - run.start),
         "analytic": wb.to_dict(),
         "step_time_s": median,
-        "train_time_s": train_time,
-        "final_train_loss": statistics.fmean(losses[-10:]),
+        "train_time_s": run.train_time,
+        "final_train_loss": statistics.fmean(run.losses[-10:]),
     }
     gathered: list[dict[str, Any]] | None = [{} for _ in range(world)] if rank == 0 else None
     dist.gather_object(stats, gathered, dst=0)
     if rank == 0:
         assert gathered is not None
-        summary = {**_summary(cfg, plan, world, gathered, evaluation, task.items_per_batch),
-                   **_checkpoint_record(cfg, saved),
+        summary = {**_summary(cfg, plan, world, gathered, run.evaluation,
+                              run.task.items_per_batch),
+                   **_checkpoint_record(cfg, run.saved),
                    # rank 0's kernels, which also computed the validation ([Note: figures that
                    # repeat on one machine])
-                   "numerics": numerics(device)}
-        write_json_atomic(out / "summary.json", summary)
+                   "numerics": numerics(run.device)}
+        write_json_atomic(run.out / "summary.json", summary)
     return stats
 
 
