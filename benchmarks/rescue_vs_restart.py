@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -91,8 +92,9 @@ def main() -> None:
             str(STEPS), "--strategy", "b-sdp", "--nproc", str(WORLD), "--min-nproc", "2",
             "--log-every", "1", "--overwrite"]
     rows = []
-    for fault, recovery in CASES:
-        out = work / "faulted"
+    for i, (fault, recovery) in enumerate(CASES):
+        out = work / f"case-{i}"
+        shutil.rmtree(out, ignore_errors=True)  # no earlier run's lines to read
         err, first = _watched([*base, *RECOVERIES[recovery], "--out", str(out)],
                               FAULTS[fault], out, fault.startswith("node"))
         m = FROM.search(err)
