@@ -26,8 +26,8 @@ step)`` and its chaos kinds are the model.
   is not cut short by a signal): no Python runs in the process, not even a signal handler, so
   the launcher's SIGTERM does nothing and its SIGKILL ends it after the stop grace.
 - ``abort`` aborts the rank's process groups (``torch_compat.abort_process_group``) and lets
-  it go on: its next collective fails, its peers see the connection go (gloo) or wait for
-  their timeout (NCCL).
+  it go on: its next collective fails, and its peers see their connections to it close
+  (gloo; NCCL not tried).
 - ``node``: a rank's node is ``GROUP_RANK``, which torchrun (and the built-in launcher's
   emulated nodes) set. ``SUBNETDP_FAULT_NODES=K``, a testing override for a launcher that
   runs every worker as node 0, puts the ranks on ``K`` nodes in contiguous blocks (torchrun's
