@@ -201,3 +201,25 @@ def test_the_fallback_counts_named_aborted_and_killed_ranks_as_lost() -> None:
     assert _lost({1: (1, aborted)}) == 1
     assert not any(_own_error(1, t) for t in (timeout, aborted, peer))
     assert _own_error(1, "Traceback ...\nValueError: a bug") and not _own_error(-9, "")
+
+
+def test_a_loss_before_the_first_checkpoint_says_there_is_nothing_to_fall_back_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--fsdp cannot rescue; a rank killed before the first checkpoint ends the run, and the
+    launcher's line says both why (it named only the killed rank)."""
+    from subnetdp.distributed.launch import WorkerFailedError
+    from subnetdp.train import elastic
+    from subnetdp.train.config import TrainConfig
+
+    def lost(*_: object, **__: object) -> None:
+        raise WorkerFailedError("...", {3: (-9, "Signal 9")})
+
+    monkeypatch.setattr(elastic, "launch", lost)
+    cfg = TrainConfig(nproc=4, min_nproc=2, fsdp=True, ckpt_every=4, out=str(tmp_path))
+    with pytest.raises(WorkerFailedError):
+        elastic.launch_shrinking(lambda: None, cfg, run_id="r")
+    assert capsys.readouterr().err == (
+        "subnetdp train: rank 3: killed by SIGKILL from outside the run (kill, a scheduler or "
+        "the OOM killer); no rescue: --fsdp shards each holder group's parameters, so a lost "
+        "rank's shard exists nowhere else; and no checkpoint yet to fall back to\n")

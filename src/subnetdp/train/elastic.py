@@ -110,6 +110,9 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
                     continue
                 smaller = shrunk_config(cfg, e.failures)
                 if smaller is None:
+                    if why and newest_checkpoint(checkpoints_root(cfg.out)) is None:
+                        print(f"subnetdp train: {e.cause}; no rescue: {why}; and no "
+                              "checkpoint yet to fall back to", file=sys.stderr)
                     raise
                 if why:
                     print(f"subnetdp train: no rescue: {why}; falling back to the newest "
