@@ -25,6 +25,7 @@ from typing import Any
 
 from subnetdp.bench.netem import Layout, Link
 from subnetdp.bench.step import run_step_bench
+from subnetdp.estimate.advisor import OPTIONS, candidates
 from subnetdp.estimate.spec import BenchSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,22 +33,21 @@ JSON = ROOT / "benchmarks" / "results" / "network_measured.json"
 DOC = ROOT / "docs" / "results" / "network.md"
 PNG = ROOT / "docs" / "results" / "network.png"
 RECIPE, NPROC, BATCH, SEQ, COVERAGE, STEPS, WARMUP = "llama-tiny", 4, 4, 128, 0.5, 8, 3
-STRATEGIES = ("ddp", "b-sdp", "n-sdp", "bb-sdp", "fsdp", "fsdp+ac", "b-sdp+fsdp",
-              "b-sdp+fsdp+ac")
+STRATEGIES = OPTIONS  # every option the advisor ranks (estimate.advisor)
 MBIT = 1e6
+# the issue's layouts first (shared unthrottled, 1 Gbit/s, 2 x 2 nodes, 100 Mbit/s), so a
+# campaign cut short has measured those
 LAYOUTS = [Layout(Link(None), 1), Layout(Link(1000 * MBIT), 1), Layout(Link(1000 * MBIT), 2),
-           Layout(Link(300 * MBIT), 1), Layout(Link(300 * MBIT), 2),
-           Layout(Link(100 * MBIT), 1)]
+           Layout(Link(100 * MBIT), 1), Layout(Link(300 * MBIT), 1),
+           Layout(Link(300 * MBIT), 2)]
 
 
 def spec(name: str) -> BenchSpec:
-    """``name`` as bench step lists it: a baseline (``fsdp+ac``) or an SDP strategy composed
-    with ``+fsdp``/``+ac``."""
-    base, *mods = name.split("+")
-    if base in ("ddp", "fsdp"):
-        return BenchSpec(RECIPE, name, NPROC, BATCH, SEQ)
-    return BenchSpec(RECIPE, base, NPROC, BATCH, SEQ, coverage=COVERAGE, fsdp="fsdp" in mods,
-                     ac="ac" in mods)
+    """``name`` as the advisor lists it (``ddp+zero1``, ``b-sdp+fsdp+ac``), built as the
+    advisor builds it (``estimate.advisor.candidates``), SDP at ``COVERAGE``."""
+    base = BenchSpec(RECIPE, "ddp", NPROC, BATCH, SEQ)
+    (out,) = candidates(base, (COVERAGE,), (name,))
+    return out
 
 
 def _key(rate_mbit: float | None, nodes: int, strategy: str) -> tuple[Any, ...]:
@@ -64,13 +64,13 @@ def save(rows: list[dict[str, Any]]) -> None:
     os.replace(tmp, JSON)
 
 
-def rows_of(layout: Layout, out: dict[str, Any], elapsed: float,
+def rows_of(layout: Layout, names: list[str], out: dict[str, Any], elapsed: float,
             load_before: float) -> list[dict[str, Any]]:
     net = out["network"]
     link = net["links"]["link"]
     intra = net["links"].get("intra")
     rows = []
-    for name in STRATEGIES:
+    for name in names:
         s = spec(name)
         r = out["rows"][s.label]
         comm = r["comm"]
@@ -101,23 +101,23 @@ def rows_of(layout: Layout, out: dict[str, Any], elapsed: float,
 
 
 def campaign() -> None:
-    rows = load()
-    have = {_key(r["link"]["rate_mbit"], r["nodes"], r["strategy"]) for r in rows}
+    """Per layout, the strategies it has no row of, in one benchmark run (resumable)."""
+    have = {_key(r["link"]["rate_mbit"], r["nodes"], r["strategy"]) for r in load()}
     for layout in LAYOUTS:
-        want = [_key(layout.link.rate_mbit, layout.nodes, s) for s in STRATEGIES]
-        if all(k in have for k in want):
+        names = [s for s in STRATEGIES
+                 if _key(layout.link.rate_mbit, layout.nodes, s) not in have]
+        if not names:
             print(f"skip {layout.link.label()} x {layout.nodes} node(s): measured", flush=True)
             continue
-        print(f"run {layout.link.label()} x {layout.nodes} node(s)", flush=True)
+        print(f"run {layout.link.label()} x {layout.nodes} node(s): {', '.join(names)}",
+              flush=True)
         load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
-        out = run_step_bench([spec(s) for s in STRATEGIES], steps=STEPS, warmup=WARMUP,
+        out = run_step_bench([spec(s) for s in names], steps=STEPS, warmup=WARMUP,
                              compute=True, network=layout)
-        new = rows_of(layout, out, time.perf_counter() - t0, load_before)
-        rows = [r for r in load() if _key(r["link"]["rate_mbit"], r["nodes"], r["strategy"])
-                not in set(want)] + new
-        save(rows)
-        have |= set(want)
+        new = rows_of(layout, names, out, time.perf_counter() - t0, load_before)
+        save(load() + new)
+        have |= {_key(layout.link.rate_mbit, layout.nodes, s) for s in names}
         print(f"  wrote {len(new)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
 
 

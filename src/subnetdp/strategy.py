@@ -91,6 +91,12 @@ class Strategy:
         return "keep" if self.neuron_level and self.masking == "forward" else "none"
 
     @property
+    def flop_scaled(self) -> bool:
+        """Its forward runs only what a worker holds (about C of DDP's FLOPs per step), so the
+        paper's FLOP-matched comparison gives it ``matched_steps`` for DDP's S."""
+        return self.masking == "forward"
+
+    @property
     def cost_masking(self) -> str:
         """The plan's cost model (``plan.worker_bytes``): what a worker stores and runs."""
         return "backward" if self.backward_masked else "forward"
@@ -121,6 +127,12 @@ DTYPES = ("fp32", "bf16-mixed", "bf16")
 MASTER_BYTES = {"fp32": 4, "bf16-mixed": 4, "bf16": 2}
 REDUCE_DTYPES = ("fp32", "bf16")
 OUTPUT_SCALINGS = ("none", "keep")
+
+
+def matched_steps(steps: int, coverage: float) -> int:
+    """Steps of a ``flop_scaled`` method at ``coverage`` for the progress of DDP's ``steps``
+    under the paper's FLOP-matched convention: round(S / C)."""
+    return round(steps / coverage)
 
 
 def get_strategy(name: str | Strategy) -> Strategy:
@@ -303,7 +315,9 @@ class PlanSpec:
     ``scheme`` at ``coverage`` (``capacities``: per-rank shares, a balanced plan instead of
     ``coverage``), balancing ``balance`` (``plan.objectives``), every unit held by at least
     ``min_holders``; n-sdp splits each layer pair into ``neuron_groups`` groups of the pair
-    kinds ``neuron_kinds`` (None: defaults), ``rotate`` rotating the window by layer."""
+    kinds ``neuron_kinds`` (None: defaults), ``rotate`` rotating the window by layer; over
+    ``nnodes`` nodes, ``spread_nodes`` puts each unit's holders on two or more nodes
+    ([Note: holders across nodes] in plan/nodes.py)."""
 
     coverage: float = 1.0
     scheme: str = "spread"
@@ -316,6 +330,8 @@ class PlanSpec:
     rotate: bool = False
     plan_file: str | None = None
     seed: int = 0
+    nnodes: int = 1
+    spread_nodes: bool = True
 
     @classmethod
     def of(cls, source: Any) -> PlanSpec:
@@ -329,6 +345,13 @@ class PlanSpec:
     def balanced(self) -> bool:
         """Per-rank capacities are always a balanced plan."""
         return self.capacities is not None or self.scheme == "balanced"
+
+    @property
+    def spreads_nodes(self) -> bool:
+        """Holders are spread over nodes: on by default with several nodes and a second
+        holder asked for (``--min-holders 2``); a plan file is taken as written."""
+        return (self.spread_nodes and self.nnodes > 1 and self.min_holders >= 2
+                and self.plan_file is None and len(set(self.capacities or (1.0,))) == 1)
 
     @property
     def plan_coverage(self) -> float:

@@ -244,3 +244,26 @@ def test_overwrite_says_it_deletes_a_composable_rescue(tmp_path: Path,
     assert (f"notice: --overwrite deletes the survivors' copies in {tmp_path / 'rescue'}, which "
             f"make a checkpoint of step 4 (`--resume {tmp_path}` would continue from it)"
             ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("lost", "nodes"), [(2, 1), (0, 2)])
+def test_the_survivors_keep_the_nodes_that_have_a_rank(tmp_path: Path, lost: int,
+                                                       nodes: int) -> None:
+    """3 ranks on 2 nodes ([0, 1], [2]): losing rank 2 loses node 1, the next group runs on
+    one node; losing rank 0 leaves rank 1 on node 0, still two nodes ([Note: emulated nodes])."""
+    for rank in set(range(WORLD)) - {lost}:
+        _contribute(tmp_path, rank, 4)
+    cfg = dataclasses.replace(_cfg(tmp_path), nproc=WORLD, min_nproc=2, nnodes=2)
+    smaller, _ = rescued_config(cfg)
+    assert smaller is not None and (smaller.nproc, smaller.nnodes) == (2, nodes)
+
+
+def test_a_grown_group_is_rescued_at_its_own_world(tmp_path: Path) -> None:
+    """Launched with 2 workers and --max-nproc 3, the group grew to 3 ([Note: growing a
+    run]); its loss is counted in the grown world, whose records say 3."""
+    for rank in (1, 2):
+        _contribute(tmp_path, rank, 4)
+    cfg = dataclasses.replace(_cfg(tmp_path), nproc=2, min_nproc=2, max_nproc=3)
+    smaller, line = rescued_config(cfg)
+    assert smaller is not None and smaller.nproc == 2
+    assert line.startswith("rank(s) [0] of 3 lost; rescued step 4"), line

@@ -102,6 +102,7 @@ NOT_APPLYING: dict[str, tuple[dict[str, Any], Any]] = {
     "neuron_groups": ({"strategy": "b-sdp"}, 4),
     "neuron_kinds": ({"strategy": "bb-sdp"}, "ffn"),
     "rotate": ({"strategy": "ddp"}, True),
+    "spread_nodes": ({"strategy": "ddp"}, False),
     "output_scaling": ({"strategy": "nb-sdp"}, "none"),
     "refresh_every": ({"strategy": "b-sdp"}, 4),
     "stochastic_depth": ({"strategy": "b-sdp"}, 0.1),

@@ -19,7 +19,7 @@ from subnetdp.models import get_recipe
 from subnetdp.plan import make_plan
 from subnetdp.runtime import SubnetDataParallel
 from subnetdp.subnet.neurons import make_neuron_plan
-from subnetdp.subnet.units import describe_units
+from subnetdp.subnet.units import describe_units, unit_modules
 from tests.dist.harness import run_workers
 
 WORLD = 4
@@ -82,7 +82,8 @@ def _train(rank: int, world: int, strategy: str, plan: Any, opts: dict[str, Any]
     state = sdp.full_state_dict()
     return {"state": state, "losses": losses, "groups": groups, "dtype": dtype,
             "bytes": sdp.comm_stats.last_step_bytes, "created": sdp.groups.created,
-            "held": sdp.params_held, "trained": sdp.params_trained}
+            "held": sdp.params_held, "trained": sdp.params_trained,
+            "fsdp_modules": len(getattr(sdp.backend, "sharded", []))}
 
 
 def _groups_created() -> int:
@@ -179,6 +180,19 @@ def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
         assert r["bytes"] == 4 * ((gathers + 1) * units + 2 * plan.shared_size)
     # every rank stores a shard of what it holds: less than the plain run
     assert all(s["trained"] < p["trained"] for p, s in zip(plain, sharded, strict=True))
+    if (strategy, name) == ("n-sdp", "llama"):  # one FSDP module per block and holder group
+        # (+ the root), not one per layer's part: [Note: one FSDP module per block and
+        # holder group] in runtime.fsdp
+        recipe, model = _meta_model(name, LAYERS)
+        blocks = [b for b, _ in unit_modules(model, recipe.adapter)]
+
+        def block(u: int) -> str:
+            return next(b for b in blocks if plan.units[u].name.startswith(b + "."))
+
+        for rank, r in enumerate(sharded):
+            held = plan.held_units(rank)
+            assert r["fsdp_modules"] == 1 + len({(block(u), plan.holders(u)) for u in held})
+            assert r["fsdp_modules"] < len(held)
 
 
 @pytest.mark.parametrize(("strategy", "opts"), AC_CASES)

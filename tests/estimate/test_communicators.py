@@ -78,7 +78,8 @@ def test_communicator_bytes_separate_and_shared() -> None:
 def _plan_rows(capsys: pytest.CaptureFixture[str], gpu: str) -> tuple[str, dict[str, float]]:
     args = ["plan", "--recipe", "llama-tiny", "--cluster", f"nodes=1,gpus-per-node=4,gpu={gpu}",
             "--batch-size", "2", "--seq-len", "32", "--model-arg", "n_layers=4",
-            "--strategies", "ddp,b-sdp", "--coverages", "0.5"]
+            "--strategies", "ddp,b-sdp", "--coverages", "0.5",
+            "--mfu", "0.3"]  # a given rate: gpu=cpu would calibrate, memory does not need it
     assert main(args) == 0
     text = capsys.readouterr().out
     assert main([*args, "--json"]) == 0

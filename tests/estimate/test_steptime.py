@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from subnetdp.cli import main
-from subnetdp.estimate.advisor import advise, analytic_peak, candidates, left_out
+from subnetdp.estimate.advisor import (
+    PROGRESS_STEPS,
+    advise,
+    analytic_peak,
+    candidates,
+    left_out,
+)
 from subnetdp.estimate.cluster import DEVICES, Cluster, Link, parse_cluster, parse_rate
 from subnetdp.estimate.comm import analytic_comm
 from subnetdp.estimate.spec import BenchSpec
@@ -209,9 +215,11 @@ def test_cluster_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None
     assert "\n" not in err and "inter=RATE" in err
 
 
-def test_advisor_known_answer() -> None:
+def test_advisor_picks_at_matched_progress() -> None:
     """With memory for neither ddp nor b-sdp, on a slow link between 2 nodes: the fitting
-    options are the sharded ones, and b-sdp+fsdp moves fewer bytes than fsdp: chosen."""
+    options are the sharded ones. b-sdp+fsdp moves fewer bytes per step than fsdp and its
+    step is shorter, but it takes round(S / C) = 2S steps for fsdp's S ([Note: matched
+    progress]): fsdp reaches the same progress first, and is the pick."""
     cluster = parse_cluster("nodes=2,gpus-per-node=2,gpu=h100,inter=1gbit")
     base = BenchSpec(strategy="ddp", **TINY)  # type: ignore[arg-type]
     options = ("ddp", "b-sdp", "fsdp", "b-sdp+fsdp")
@@ -226,7 +234,12 @@ def test_advisor_known_answer() -> None:
     fits = {a.spec.label: a.fits for a in rows}
     assert fits == {"ddp": False, "b-sdp (C=0.5)": False, "fsdp": True,
                     "b-sdp+fsdp (C=0.5)": True}
-    assert [a.spec.label for a in rows if a.fastest] == ["b-sdp+fsdp (C=0.5)"]
+    by = {a.spec.label: a for a in rows}
+    sdp, fsdp = by["b-sdp+fsdp (C=0.5)"], by["fsdp"]
+    assert sdp.time.step_s < fsdp.time.step_s  # per step, SDP looks faster
+    assert (sdp.steps, fsdp.steps) == (2 * PROGRESS_STEPS, PROGRESS_STEPS)
+    assert sdp.matched_s == sdp.steps * sdp.time.step_s > fsdp.matched_s
+    assert [a.spec.label for a in rows if a.fastest] == ["fsdp"]
 
 
 def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -235,8 +248,34 @@ def test_plan_cluster_prints_the_table(capsys: pytest.CaptureFixture[str]) -> No
                  "--seq-len", "32", "--strategies", "ddp,b-sdp+fsdp", "--coverages", "0.5",
                  "--mfu", "0.3"]) == 0
     out = capsys.readouterr().out
-    assert "MFU 0.3" in out and "a100 peak 156 TFLOP/s" in out
+    assert "peak 156 TFLOP/s (a100's datasheet) x MFU 0.3 (--mfu)" in out
     assert out.count("<- fastest that fits") == 1 and "b-sdp+fsdp (C=0.5)" in out
+    assert "ranked at matched progress" in out.splitlines()[2]  # above the table
+
+
+@pytest.mark.parametrize(("gpu", "rate", "assumed"), [
+    ("a100", "(assumed: peak 312 TFLOP/s x MFU 0.159: the H200's measured MFU", True),
+    ("h200", "(peak 989 TFLOP/s x MFU 0.159: measured: llama-1b on 8 x H200", False)])
+def test_assumed_numbers_are_marked(capsys: pytest.CaptureFixture[str], gpu: str, rate: str,
+                                    assumed: bool) -> None:
+    """Each number that no measurement of this device produced says "assumed": the MFU of a
+    GPU that was not measured (the H200's was: benchmarks/results/gpu_h200/mfu.md), the
+    default links and latencies, NCCL's default communicator size; a measured MFU does not."""
+    assert main(["plan", "--recipe", "llama-tiny", "--cluster",
+                 f"nodes=2,gpus-per-node=2,gpu={gpu},inter=10gbit", "--batch-size", "2",
+                 "--seq-len", "32", "--strategies", "ddp", "--dtype", "bf16-mixed"]) == 0
+    out = capsys.readouterr().out
+    assert rate in out
+    assert ("assumed: peak" in out) == assumed
+    assert "per rank, assumed (latency 5 us, assumed)" in out
+    assert "(latency 10 us, assumed)" in out and "636 MiB per communicator, assumed" in out
+    assert main(["plan", "--recipe", "llama-tiny", "--cluster",
+                 f"nodes=2,gpus-per-node=2,gpu={gpu},inter=10gbit,intra=100GB/s,"
+                 "intra-latency=2us,inter-latency=3us", "--batch-size", "2", "--seq-len", "32",
+                 "--strategies", "ddp", "--dtype", "bf16-mixed", "--comm-mem-mb", "100"]) == 0
+    # left: the MFU where unmeasured, and FSDP's host time per call on GPUs (not modelled)
+    head = capsys.readouterr().out.split("\nranked")[0]
+    assert head.count("assumed") == int(assumed) + 1 and "FSDP host time per call 0" in head
 
 
 def test_advisor_peak_counts_the_communicators() -> None:
@@ -316,3 +355,47 @@ def test_advisor_leaves_out_neuron_plans_of_huge_worlds(
     out = capsys.readouterr().out
     assert "not estimated on 8000 ranks: n-sdp (C=0.5)" in out
     assert "\nddp " in out and "\nn-sdp " not in out
+
+
+def test_calibration_file_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m subnetdp.estimate.calibrate --out FILE`` writes a record whose measured
+    model FLOP/s ``plan --cluster ...gpu=cpu --calibration FILE`` runs at and names; a file
+    that is not one is a one-line error naming it."""
+    from subnetdp.estimate.calibrate import main as calibrate_main
+    from subnetdp.estimate.rates import read_calibration
+
+    out = tmp_path / "cal.json"
+    assert calibrate_main(["--nproc", "1", "--steps", "1", "--batch-size", "1", "--seq-len",
+                           "8", "--matmul-seconds", "0.1", "--out", str(out)]) == 0
+    record = read_calibration(out)
+    assert record["model_flops"] > 0 and record["nproc"] == 1
+    argv = ["plan", "--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32",
+            "--cluster", "nodes=1,gpus-per-node=2,gpu=cpu", "--strategies", "ddp",
+            "--calibration", str(out), "--json"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    (table,) = json.loads(capsys.readouterr().out)
+    assert table["rate_flops"] == record["model_flops"] and not table["rate_assumed"]
+    assert f"measured earlier ({out})" in table["rate_source"]
+    costs = recipe_costs(get_recipe("llama-tiny"), batch=2, seq=32)
+    flops = costs.shared.flops + sum(u.flops for u in costs.units)
+    assert table["rows"][0]["compute_s"] == pytest.approx(flops / record["model_flops"])
+    out.write_text('{"recipe": "llama-tiny"}')
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--calibration {out}: lacks model_flops" in err
+
+
+def test_fsdp_host_time_counts_each_call() -> None:
+    """``call_s`` (calibrate's measured host time per FSDP call) adds to compute once per FSDP
+    collective call of the rank: n-sdp+fsdp's parts are gathered per block and holder group
+    (runtime.fsdp), so llama-tiny on 4 ranks at C = 0.5 has 16 such modules + the root, each a
+    gather in forward and a reduce-scatter in backward (kept gathered: no backward gather);
+    b-sdp+fsdp has 4 blocks + the root, the blocks gathered again in backward."""
+    cluster = _one_node(1e30, shared=False)
+    for strategy, calls in (("n-sdp", 2 * 17), ("b-sdp", 5 + 4 + 5)):
+        spec = BenchSpec(recipe="llama-tiny", strategy=strategy, world=4, batch=4, seq=128,
+                         coverage=0.5, fsdp=True)
+        base = predict_step(spec, cluster, rate=1e10, backend="gloo")
+        slow = predict_step(spec, cluster, rate=1e10, backend="gloo", call_s=1e-3)
+        assert slow.compute_s - base.compute_s == pytest.approx(calls * 1e-3)

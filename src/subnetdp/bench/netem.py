@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from subnetdp.distributed.lifeline import pid_alive
+from subnetdp.plan.nodes import node_of
 
 PREFIX = "sdpnet-"  # every namespace a run creates: sdpnet-<pid>-<role>
 SUBNET = "10.200.0"  # node k is .(k+1), the hub's bridge .254: inside our namespaces only
@@ -111,7 +112,8 @@ class Placement:
     probe_bytes: int = 32 * 2**20  # the bulk transfer that measures the link
 
     def node(self, rank: int) -> int:
-        return rank // self.ranks_per_node
+        nnodes = len(self.namespaces)  # the map train's --nnodes and torchrun use
+        return node_of(rank, nnodes * self.ranks_per_node, nnodes)
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` as a worker entry point that first enters its rank's node namespace."""

@@ -63,7 +63,7 @@ from subnetdp.checkpoint.files import (
     write_shard,
 )
 from subnetdp.checkpoint.rescue import write_contribution
-from subnetdp.checkpoint.reshard import PieceReader, reseed
+from subnetdp.checkpoint.reshard import HeldCheckpoint, PieceReader, reseed
 from subnetdp.filemode import FolderId, check_same_folder, folder_id, write_atomic
 from subnetdp.plan import Plan
 from subnetdp.runtime.rank import RankModel
@@ -137,10 +137,7 @@ class Checkpointer:
         """Write the checkpoint of step ``done`` (steps completed); returns its folder.
         A failure on any rank raises ``CheckpointWriteError`` on all
         ([Note: failed checkpoint writes])."""
-        self.model.sync_buffers()  # BatchNorm statistics: holders agree before saving
-        tensors = {f"model/{k}": v for k, v in self.shards.shard_state().items()}
-        state = self.zero.plain_state() if self.zero else self.opt.state  # collective
-        optim, like, scalar = _optimizer_pieces(state, self.opt_params, self.local, self.shards)
+        tensors, like, scalar = self._owned()
         rng, rng_meta = _capture_rng()
         staging, final = staging_dir(self.root, done), step_dir(self.root, done)
         token = self._on_rank0(lambda: self._open_staging(staging), final)
@@ -152,8 +149,7 @@ class Checkpointer:
                          "that every rank shares (a node-local --out is not); put --out on a "
                          "shared filesystem")
             else:
-                entry = write_shard(staging / shard_name(self.rank),
-                                    {**tensors, **optim, **rng},
+                entry = write_shard(staging / shard_name(self.rank), {**tensors, **rng},
                                     {"format": FORMAT, "rank": str(self.rank), **rng_meta})
         except (OSError, SafetensorError) as e:
             error = f"rank {self.rank} could not write its file: {e}"
@@ -174,6 +170,22 @@ class Checkpointer:
         self._on_rank0(finish, final)
         self.parent = final.name
         return final
+
+    def _owned(self) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+        """The pieces this rank's checkpoint file holds (model and optimizer state, no RNG)
+        and the optimizer's state names; collective (buffers, a ZeRO optimizer's state)."""
+        self.model.sync_buffers()  # BatchNorm statistics: holders agree before saving
+        tensors = {f"model/{k}": v for k, v in self.shards.shard_state().items()}
+        state = self.zero.plain_state() if self.zero else self.opt.state  # collective
+        optim, like, scalar = _optimizer_pieces(state, self.opt_params, self.local, self.shards)
+        return {**tensors, **optim}, like, scalar
+
+    def owned_state(self, done: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """What ``save(done)`` would write of this rank, in memory (on the CPU) with its
+        manifest; every rank's together make a ``HeldCheckpoint``. Collective."""
+        tensors, like, scalar = self._owned()
+        return ({k: v.detach().to("cpu", copy=True) for k, v in tensors.items()},
+                self._manifest(done, {}, like, scalar))
 
     def _check_folder(self) -> None:
         """Raise ``OSError`` if the run folder is no longer the one this run started in."""
@@ -255,19 +267,13 @@ class Checkpointer:
         check_compatible(manifest, ckpt, world=self.world, strategy=self.cfg.strategy,
                          plan=self.plan, model_state=self.info["model_state"], reshard=reshard)
         _verify_together(ckpt, manifest, self.rank, self.world)
+        files = sorted(manifest["files"])
         try:
-            self.shards.load_shard_state(PieceReader(ckpt, manifest, "model/"))
-            plain: dict[Any, dict[str, Any]] = {} if self.zero else self.opt.state
-            _load_optimizer(plain, self.opt_params, self.local, self.shards, ckpt, manifest)
-            if self.zero:
-                self.zero.load_plain_state(plain)
+            step = self._load(manifest, PieceReader(ckpt, manifest, "model/"),
+                              lambda prefix: PieceReader(ckpt, manifest, prefix),
+                              lambda prefix: ShardReader(ckpt, files, prefix))
         except KeyError as e:
             raise CheckpointError(f"{ckpt}: {e.args[0]}") from e
-        opt_info = manifest["optimizer"]
-        self.sched.load_state_dict(opt_info["scheduler"])
-        for group, saved in zip(self.opt.param_groups, opt_info["param_groups"], strict=True):
-            group.update(saved)
-        step = int(manifest["step"])
         # a checkpoint of this run folder is the parent of the next (one from elsewhere is not)
         self.parent = ckpt.name if ckpt.parent.resolve() == self.root.resolve() else None
         same_plan = (manifest["world"] == self.world
@@ -281,6 +287,38 @@ class Checkpointer:
             else:  # a rescued checkpoint: the lost rank's streams are gone ([Note: rescue])
                 reseed(self.cfg.seed, step, self.rank)
         return step
+
+
+    def restore_held(self, held: HeldCheckpoint) -> int:
+        """Load a checkpoint held in memory (a growing run's: [Note: growing a run] in
+        train/grow.py) as ``restore`` loads the same checkpoint from files under
+        ``--reshard``: the same values, the ranks reseeded; return its step."""
+        step = self._load(held.manifest, PieceReader.in_memory(held, "model/"),
+                          lambda prefix: PieceReader.in_memory(held, prefix), held.scalars)
+        self.parent = held.manifest["parent"]
+        reseed(self.cfg.seed, step, self.rank)
+        return step
+
+    def _load(self, manifest: dict[str, Any], model: Mapping[str, torch.Tensor],
+              like: Readers, scalar: Readers) -> int:
+        """Model, optimizer state and schedule from ``model``'s pieces and the optimizer's
+        readers (by prefix); returns the step."""
+        self.shards.load_shard_state(model)
+        plain: dict[Any, dict[str, Any]] = {} if self.zero else self.opt.state
+        _load_optimizer(plain, self.opt_params, self.local, self.shards, manifest["optimizer"],
+                        like, scalar)
+        if self.zero:
+            self.zero.load_plain_state(plain)
+        opt_info = manifest["optimizer"]
+        self.sched.load_state_dict(opt_info["scheduler"])
+        for group, saved in zip(self.opt.param_groups, opt_info["param_groups"], strict=True):
+            group.update(saved)
+        return int(manifest["step"])
+
+
+# a checkpoint's tensors under a prefix (optimizer state: ``optim/<state>/``, and
+# ``optim_scalar/<state>/``), from files or memory
+Readers = Callable[[str], Mapping[str, torch.Tensor]]
 
 
 class _Held:
@@ -377,19 +415,19 @@ def _optimizer_pieces(
 
 
 def _load_optimizer(state: Any, params: list[OptParam],
-                    local: Mapping[str, torch.Tensor], shards: Any, ckpt: Path,
-                    manifest: dict[str, Any]) -> None:
+                    local: Mapping[str, torch.Tensor], shards: Any, info: dict[str, Any],
+                    like: Readers, scalar: Readers) -> None:
     """Recreate the optimizer's per-parameter state (a fresh optimizer has none yet) in
-    ``state`` (``opt.state``, a defaultdict; or a dict a ZeRO optimizer then loads)."""
-    info, files = manifest["optimizer"], sorted(manifest["files"])
+    ``state`` (``opt.state``, a defaultdict; or a dict a ZeRO optimizer then loads) from
+    the manifest's optimizer ``info`` and the readers."""
     for k in info["like_states"]:
         into = {key: torch.empty_like(local[key]) for _, key, _ in params}
-        shards.load_shard_state(PieceReader(ckpt, manifest, f"optim/{k}/"), into=into)
+        shards.load_shard_state(like(f"optim/{k}/"), into=into)
         for p, key, where in params:
             state.setdefault(p, {})[k] = shards.from_plain(
                 p, _region(into[key], where, p).clone())
     for k in info["scalar_states"]:
-        reader = ShardReader(ckpt, files, f"optim_scalar/{k}/")
+        reader = scalar(f"optim_scalar/{k}/")
         missing = sorted({key for _, key, _ in params if key not in reader})
         if missing:
             raise KeyError(f"the checkpoint lacks optimizer {k!r} of {missing[:3]}")

@@ -22,6 +22,7 @@ resharded resume is itself deterministic: the same command gives the same run, a
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import torch
 
 from subnetdp.checkpoint.files import ShardReader, check_pieces, model_shapes, split_piece
 
-__all__ = ["PieceReader", "model_shapes", "reseed"]
+__all__ = ["HeldCheckpoint", "PieceReader", "model_shapes", "reseed"]
 
 
 class PieceReader(Mapping[str, torch.Tensor]):
@@ -41,12 +42,27 @@ class PieceReader(Mapping[str, torch.Tensor]):
     its dtype too, the optimizer's (whose dtype the manifest does not record) for agreeing."""
 
     def __init__(self, ckpt: Path, manifest: dict[str, Any], prefix: str) -> None:
-        self._saved = ShardReader(ckpt, sorted(manifest["files"]), prefix)
-        self._ckpt, self._prefix = ckpt, prefix
+        saved = ShardReader(ckpt, sorted(manifest["files"]), prefix)
+        self._set(saved, manifest, check_pieces(ckpt, manifest, saved,
+                                                with_dtype=prefix == "model/"))
+
+    @classmethod
+    def in_memory(cls, held: HeldCheckpoint, prefix: str) -> PieceReader:
+        """The same service over a checkpoint held in memory (``HeldCheckpoint``)."""
+        saved = {k[len(prefix):]: v for k, v in held.tensors.items() if k.startswith(prefix)}
+        by_key: dict[str, list[str]] = {}
+        for piece in saved:
+            by_key.setdefault(split_piece(piece)[0], []).append(piece)
+        reader = cls.__new__(cls)
+        reader._set(saved, held.manifest, by_key)
+        return reader
+
+    def _set(self, saved: Mapping[str, torch.Tensor], manifest: dict[str, Any],
+             by_key: dict[str, list[str]]) -> None:
+        self._saved = saved
         self._shapes = model_shapes(manifest)
-        self._by_key = {key: [(p, split_piece(p)[1]) for p in found] for key, found in
-                        check_pieces(ckpt, manifest, self._saved,
-                                     with_dtype=prefix == "model/").items()}
+        self._by_key = {key: [(p, split_piece(p)[1]) for p in found]
+                        for key, found in by_key.items()}
         self._cache: tuple[str, torch.Tensor] | None = None  # the last full entry assembled
 
     def __contains__(self, piece: object) -> bool:
@@ -82,6 +98,31 @@ class PieceReader(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._saved)
+
+
+@dataclass(frozen=True)
+class HeldCheckpoint:
+    """A checkpoint held in memory, never written: the tensors a checkpoint's rank files hold
+    (each piece once, by its owner; no RNG streams) and its manifest (``files`` empty). A
+    growing run hands its state to a larger world as one ([Note: growing a run] in
+    train/grow.py), loaded as a resharded resume loads the same checkpoint from files."""
+
+    tensors: dict[str, torch.Tensor]
+    manifest: dict[str, Any]
+
+    @classmethod
+    def merged(cls, parts: list[tuple[dict[str, torch.Tensor], dict[str, Any]]]
+               ) -> HeldCheckpoint:
+        """One checkpoint from every rank's ``Checkpointer.owned_state``; the manifest is the
+        first rank's (the optimizer states named by any rank)."""
+        tensors = {k: v for part, _ in parts for k, v in part.items()}
+        first = parts[0][1]
+        names = {kind: sorted({n for _, m in parts for n in m["optimizer"][kind]})
+                 for kind in ("like_states", "scalar_states")}
+        return cls(tensors, {**first, "optimizer": {**first["optimizer"], **names}})
+
+    def scalars(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)}
 
 
 def reseed(seed: int, step: int, rank: int) -> None:

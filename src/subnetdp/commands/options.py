@@ -88,6 +88,18 @@ def add_min_nproc_argument(p: Container, *, help: str) -> None:
     p.add_argument("--min-nproc", type=int, default=None, metavar="N", help=help)
 
 
+def add_node_arguments(p: Container) -> None:
+    """``--nnodes K`` and ``--no-spread-nodes``: failure domains ([Note: holders across
+    nodes] in plan/nodes.py)."""
+    p.add_argument("--nnodes", type=int, default=None, metavar="K",
+                   help="the workers run on K nodes, contiguous ranks each (train: the local "
+                        "launcher emulates them; under torchrun, torchrun's nodes count "
+                        "instead); with --min-holders 2 each unit's holders span >= 2 nodes "
+                        "(default 1)")
+    p.add_argument("--no-spread-nodes", dest="spread_nodes", action="store_false",
+                   default=None, help="keep the scheme's rank order: holders may share a node")
+
+
 def add_recipe_argument(p: Container, *, default: str | None, help: str) -> None:
     p.add_argument("--recipe", default=default, metavar="NAME", help=help)
 

@@ -40,6 +40,7 @@ from subnetdp.commands.options import (
     add_min_nproc_argument,
     add_model_arg_argument,
     add_neuron_arguments,
+    add_node_arguments,
     add_nproc_argument,
     add_plan_file_argument,
     add_recipe_argument,
@@ -55,6 +56,7 @@ from subnetdp.estimate.cluster import KEYS as CLUSTER_KEYS
 from subnetdp.estimate.communicators import comm_mem_mb, split_shared
 from subnetdp.plan import Plan, PlanError, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
+from subnetdp.plan.nodes import check_nnodes, node_report, spread_over_nodes
 from subnetdp.plan.report import plan_report
 from subnetdp.plan.schedule import ADJACENT, PREFETCH, ScheduleError, plan_schedules
 from subnetdp.plan.schedule import check as check_schedule
@@ -99,6 +101,7 @@ def add_parser(subparsers: Any) -> None:
                                "every layer pair (n-sdp, nb-sdp; needs --recipe); bb/nb: "
                                "backward masking's bytes")
     add_neuron_arguments(p)
+    add_node_arguments(p)
     add_plan_file_argument(
         p, help="a JSON matrix [worker][unit] of 0/1, or a saved plan, instead of a scheme")
     p.add_argument(
@@ -156,6 +159,9 @@ def add_parser(subparsers: Any) -> None:
                           "of the same size")
     adv.add_argument("--mfu", type=float, help="model FLOP/s utilisation (default: the "
                                                "device table's)")
+    adv.add_argument("--calibration", metavar="FILE",
+                     help="gpu=cpu: the rate of a python -m subnetdp.estimate.calibrate --out "
+                          "FILE record (default: calibrate now, a few seconds)")
     adv.add_argument("--peak-tflops", type=float,
                      help="device peak TFLOP/s at the compute dtype (default: the table's)")
     adv.add_argument("--coverages", default="0.5,0.75", metavar="C[,C...]",
@@ -184,7 +190,8 @@ def _plan_spec(args: argparse.Namespace, capacities: list[float] | None) -> Plan
                     capacities=None if capacities is None else tuple(capacities),
                     min_holders=args.min_holders, max_groups=args.max_groups,
                     neuron_groups=args.neuron_groups,
-                    neuron_kinds=args.neuron_kinds, rotate=args.rotate, seed=args.seed)
+                    neuron_kinds=args.neuron_kinds, rotate=args.rotate, seed=args.seed,
+                    nnodes=args.nnodes or 1, spread_nodes=args.spread_nodes is not False)
 
 
 def _recipe_plan(args: argparse.Namespace, strategy: Strategy, spec: PlanSpec,
@@ -241,10 +248,12 @@ def plan_from_args(args: argparse.Namespace, strategy: Strategy,
     if args.recipe is not None:
         return _recipe_plan(args, strategy, spec, costs), args.recipe
     # --units: equal units of size 1, pure maths (no model, no torch)
-    return make_plan(world=args.world, units=args.units, coverage=spec.plan_coverage,
+    plan = make_plan(world=args.world, units=args.units, coverage=spec.plan_coverage,
                      scheme="balanced" if spec.balanced else spec.scheme, seed=spec.seed,
                      shared_size=args.shared_size, capacities=capacities,
-                     min_holders=spec.min_holders, max_groups=spec.max_groups), None
+                     min_holders=spec.min_holders, max_groups=spec.max_groups)
+    nodes = min(spec.nnodes, plan.world)  # a smaller world the run may shrink to
+    return (spread_over_nodes(plan, nodes) if spec.spreads_nodes else plan), None
 
 
 def _capacities(text: str | None, world: int) -> list[float] | None:
@@ -319,7 +328,31 @@ def format_table(rep: dict) -> str:
             f"{rep['param_coverage'][i]:>9.3f}  {mb:>10.3f}"
         )
     lines.append(_rescue_line(rep))
+    lines += [_node_line(n) for n in rep.get("nodes", [])]
     return "\n".join(lines)
+
+
+def _node_line(n: dict[str, Any]) -> str:
+    """One node's blast radius ([Note: holders across nodes] in plan/nodes.py)."""
+    head = f"node {n['node']} (ranks {_ranges(n['ranks'])}): its loss takes "
+    head += f"unit(s) {_ranges(n['lost_units'])}" if n["lost_units"] else "no unit"
+    if n["rollback"] is None:
+        return head + (f"; survives without rollback ({n['survivors']} workers go on from the "
+                       "step in flight; not with --zero/--fsdp)")
+    return head + f"; rollback to the newest checkpoint ({n['rollback']})"
+
+
+def _nodes(args: argparse.Namespace, plan: Plan, shrink: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-node blast radius of ``plan`` on --nnodes nodes (none on one node)."""
+    if not args.nnodes or args.nnodes == 1:
+        return []
+    check_nnodes(args.nnodes, plan.world)
+    refused = "refused" in shrink
+    nodes = node_report(plan, args.nnodes, shrink["min_nproc"] if shrink["given"] else None)
+    for n in nodes:
+        if refused and not n["lost_units"]:
+            n["rollback"] = "an elastic run is refused at its start, above"
+    return nodes
 
 
 def _shrink(args: argparse.Namespace, strategy: Strategy, costs: Callable[[], Any],
@@ -494,6 +527,7 @@ def _advise(args: argparse.Namespace) -> int:
     """``--cluster``: the advisor's table per cluster (``estimate.advisor``)."""
     from subnetdp.estimate.advisor import OPTIONS, advise, format_advice, left_out
     from subnetdp.estimate.cluster import parse_cluster
+    from subnetdp.estimate.rates import advisor_rate
 
     try:
         clusters = [parse_cluster(text) for text in args.cluster]
@@ -513,8 +547,6 @@ def _advise(args: argparse.Namespace) -> int:
             raise ValueError(f"--coverages takes numbers separated by commas, got "
                              f"{args.coverages!r}") from None
         device = clusters[0].device
-        peak = args.peak_tflops * 1e12 if args.peak_tflops else device.peak(args.dtype)
-        mfu = args.mfu if args.mfu is not None else device.mfu
         try:
             memory_gb = float(args.memory_gb) if args.memory_gb else device.memory_gb
         except ValueError:
@@ -522,21 +554,24 @@ def _advise(args: argparse.Namespace) -> int:
                              f"{args.memory_gb!r}") from None
         base = _search_base(args, clusters[0].world, comm_mb)
         options = tuple(t for t, _ in args.strategies) if args.strategies else OPTIONS
-        tables = advise(base, clusters, memory_gb=memory_gb, rate=peak * mfu,
+        rate = advisor_rate(base, clusters[0], mfu=args.mfu, peak_tflops=args.peak_tflops,
+                            calibration=args.calibration)
+        tables = advise(base, clusters, memory_gb=memory_gb, rate=rate,
                         coverages=coverages, options=options, overlap=not args.no_overlap)
         skipped = left_out(base, clusters[0].world, coverages, options)
     except ValueError as e:
         print(f"subnetdp plan: error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([{"cluster": c.describe(), "peak_flops": peak, "mfu": mfu,
+        print(json.dumps([{"cluster": c.describe(), "rate_flops": rate.flops,
+                           "rate_source": rate.source, "rate_assumed": rate.assumed,
                            "memory_gb": memory_gb, "not_estimated": skipped,
                            "rows": [a.to_dict() for a in rows]}
                           for c, rows in zip(clusters, tables, strict=True)]))
         return 0
-    print("\n\n".join(format_advice(rows, c, base, memory_gb=memory_gb, rate=peak * mfu,
-                                    mfu=mfu, peak=peak, overlap=not args.no_overlap,
-                                    skipped=skipped)
+    print("\n\n".join(format_advice(rows, c, base, memory_gb=memory_gb, rate=rate,
+                                    overlap=not args.no_overlap, skipped=skipped,
+                                    memory_given=bool(args.memory_gb))
                        for c, rows in zip(clusters, tables, strict=True)))
     return 0
 
@@ -581,6 +616,11 @@ def run(args: argparse.Namespace) -> int:
                  balance=args.balance if plan.scheme == "balanced" else None)
     rep["shrink"] = _shrink(args, strategy, recipe_costs, plan.world)
     rep["min_holders"] = args.min_holders
+    try:
+        rep["nodes"] = _nodes(args, plan, rep["shrink"])
+    except PlanError as e:
+        print(f"subnetdp plan: error: {e}", file=sys.stderr)
+        return 2
     if args.check_schedule:
         schedules = plan_schedules(plan, fsdp=args.fsdp, neuron_level=strategy.neuron_level,
                                    backward_masked=strategy.backward_masked,

@@ -21,6 +21,7 @@ from subnetdp.commands.options import (
     add_min_nproc_argument,
     add_model_arg_argument,
     add_neuron_arguments,
+    add_node_arguments,
     add_plan_file_argument,
     add_recipe_argument,
     add_reduce_dtype_argument,
@@ -66,6 +67,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                    help="fraction of units (blocks for b-sdp, neuron groups of every layer "
                         "for n-sdp) each worker holds")
     add_scheme_arguments(s, default=d.scheme)
+    add_node_arguments(s)
     add_neuron_arguments(s)
     s.add_argument("--output-scaling", default=d.output_scaling, choices=OUTPUT_SCALINGS,
                    help="n-sdp: scale kept hidden units by 1/keep-rate while training "
@@ -139,6 +141,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> dict[str, Container]:
                                    "survivors' copies of the step in flight when every unit has "
                                    "two holders, else from the newest checkpoint; each smaller "
                                    "world is planned at the start (default: never shrink)")
+    k.add_argument("--max-nproc", type=int, default=None, metavar="M",
+                   help="grow back: start M workers, those beyond --nproc joining at a step "
+                        "boundary with their state from the holders; after an elastic "
+                        "shrink a lost worker is restarted and rejoins (default: never grow)")
     k.add_argument("--no-rescue", dest="rescue", action="store_false", default=None,
                    help="with --min-nproc: always go on from the newest checkpoint, never "
                         "from the survivors' copies of the step in flight (docs/checkpointing.md)")

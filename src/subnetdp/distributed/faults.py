@@ -28,10 +28,10 @@ step)`` and its chaos kinds are the model.
 - ``abort`` aborts the rank's process groups (``torch_compat.abort_process_group``) and lets
   it go on: its next collective fails, and its peers see their connections to it close
   (gloo; NCCL not tried).
-- ``node``: a rank's node is ``GROUP_RANK``, which torchrun (and the built-in launcher's
-  emulated nodes) set. ``SUBNETDP_FAULT_NODES=K``, a testing override for a launcher that
-  runs every worker as node 0, puts the ranks on ``K`` nodes in contiguous blocks (torchrun's
-  numbering: ``rank * K // world``).
+- ``node``: a rank's node is ``GROUP_RANK``, which torchrun and ``train --nnodes`` (the
+  built-in launcher's emulated nodes, distributed/nodes.py) set. ``SUBNETDP_FAULT_NODES=K``,
+  a testing override for a launch that runs every worker as node 0, puts the ranks on ``K``
+  nodes in contiguous blocks (torchrun's numbering: ``rank * K // world``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["LAUNCHER_VARS", "default_env", "gloo_loopback", "init_distributed",
+__all__ = ["LAUNCHER_VARS", "default_env", "gloo_loopback", "init_distributed", "init_group",
            "one_process_group", "set_threads", "shutdown_distributed", "under_launcher"]
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -78,12 +78,7 @@ def init_distributed(backend: str | None = None,
     set_threads()
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    device_id = None
-    if backend == "nccl":
-        device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device_id)
+    backend, device_id = _backend(backend)
     wait = None if timeout is None else timedelta(seconds=timeout)
     if under_launcher():
         # env:// rendezvous set up by the launcher. [Note: split communicators]
@@ -91,6 +86,28 @@ def init_distributed(backend: str | None = None,
     else:
         one_process_group(backend, timeout=wait, device_id=device_id)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _backend(backend: str | None) -> tuple[str, torch.device | None]:
+    """The backend (None: NCCL when CUDA is available, else gloo) and, for NCCL, this
+    worker's device (``LOCAL_RANK``), made current."""
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device_id = None
+    if backend == "nccl":
+        device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device_id)
+    return backend, device_id
+
+
+def init_group(store: dist.Store, *, rank: int, world: int, backend: str | None,
+               timeout: float) -> None:
+    """The default group of ``world`` ranks over ``store`` (a ``PrefixStore`` of its own: a
+    group re-formed in the same processes never reads an earlier group's keys)."""
+    set_threads()
+    backend, device_id = _backend(backend)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout), device_id=device_id)
 
 
 def one_process_group(backend: str, *, timeout: timedelta | None = None,

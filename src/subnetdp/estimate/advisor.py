@@ -20,7 +20,16 @@ communicator, for the rank that joins the most holder groups (``spec.comm_mem_mb
 shared by the groups split from the world one: ``estimate.communicators``); the CLI gives 0
 where the collectives are gloo's (``Device.backend``).
 
-Step time is ``estimate.steptime``'s on the cluster, at the device's peak × MFU.
+Step time is ``estimate.steptime``'s on the cluster, at ``rate`` (``estimate.rates``: measured
+or marked assumed).
+
+[Note: matched progress]
+Per step, an SDP option at coverage C trains each block on a C share of the data, so its
+tokens/s per step flatter it by about 1/C. The table ranks at the paper's FLOP-matched
+convention, as the project's studies do (``study.suite``): a ``Strategy.flop_scaled`` option
+(b-sdp, n-sdp) takes ``strategy.matched_steps`` = round(S / C) steps for the progress of
+ddp's S, every other option S (bb-sdp runs the full forward). ``Advice.matched_s`` is the
+time for S = ``PROGRESS_STEPS`` steps' progress; the fastest that fits is the least of it.
 
 Cost: ranks with the same plan row share their groups, collectives, FLOPs and bucket
 timeline (``estimate.comm.by_row``), so the work grows with the plan's distinct rows: a
@@ -40,10 +49,11 @@ from typing import Any
 from subnetdp.estimate.cluster import Cluster
 from subnetdp.estimate.communicators import communicator_bytes, describe_communicators
 from subnetdp.estimate.memory import analytic_state, fsdp_unit_shapes
+from subnetdp.estimate.rates import Rate
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.estimate.steptime import StepTime, collectives, predict_step
 from subnetdp.plan.communicators import communicators_per_rank
-from subnetdp.strategy import advisor_options
+from subnetdp.strategy import STRATEGIES, advisor_options, matched_steps
 from subnetdp.subnet.costs import ModelCosts, recipe_costs
 from subnetdp.subnet.neurons import default_groups, select_pairs
 
@@ -56,6 +66,9 @@ COVERAGES = (0.5, 0.75)
 # pairs, so about 500 ranks; llama-1b: 32 pairs, about 250): beyond it n-sdp's groups,
 # one per rank per pair, make its plan and its collectives quadratic in the world
 NEURON_PLAN_CELLS = 2_000_000
+# S, ddp's steps of the progress the table compares at ([Note: matched progress])
+PROGRESS_STEPS = 1000
+FLOP_SCALED = " and ".join(n for n, s in STRATEGIES.items() if s.flop_scaled)
 
 
 @dataclass(frozen=True)
@@ -66,10 +79,26 @@ class Advice:
     time: StepTime
     fastest: bool = False
 
+    @property
+    def steps(self) -> int:
+        return progress_steps(self.spec)
+
+    @property
+    def matched_s(self) -> float:
+        return self.steps * self.time.step_s
+
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.spec.label, "coverage": self.spec.coverage,
                 "peak_GB": self.peak_bytes / GB, "fits": self.fits, "fastest": self.fastest,
+                "matched_steps": self.steps, "matched_s": self.matched_s,
                 **self.time.to_dict()}
+
+
+def progress_steps(spec: BenchSpec) -> int:
+    """``spec``'s steps for the progress of ddp's ``PROGRESS_STEPS`` ([Note: matched
+    progress])."""
+    flop_scaled = spec.is_sdp and spec.strategy_value.flop_scaled
+    return matched_steps(PROGRESS_STEPS, spec.coverage) if flop_scaled else PROGRESS_STEPS
 
 
 def candidates(base: BenchSpec, coverages: tuple[float, ...] = COVERAGES,
@@ -88,13 +117,16 @@ def candidates(base: BenchSpec, coverages: tuple[float, ...] = COVERAGES,
     return out
 
 
-def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: float,
+def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: float | Rate,
            coverages: tuple[float, ...] = COVERAGES, options: tuple[str, ...] = OPTIONS,
            backend: str | None = None, overlap: bool = True) -> list[list[Advice]]:
     """Per cluster (all of one size), every candidate of ``base`` (recipe, batch, seq, dtype;
     world = the clusters') with its memory and step time; the fastest that fits marked.
-    Memory, plans and collectives do not depend on the links: computed once. ``backend``:
-    the collectives' (default: the device's, ``Device.backend``)."""
+    Memory, plans and collectives do not depend on the links: computed once. ``rate``: model
+    FLOP/s per rank (``estimate.rates``); ``backend``: the collectives' (default: the
+    device's, ``Device.backend``). The fastest is at matched progress ([Note: matched
+    progress])."""
+    flops, call_s = (rate.flops, rate.call_s or 0.0) if isinstance(rate, Rate) else (rate, 0.0)
     if memory_gb <= 0:
         raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
     if len({c.world for c in clusters}) != 1:
@@ -114,12 +146,12 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
     tables = []
     for cluster in clusters:
         rows = [Advice(spec, peak, peak <= memory_gb * GB,
-                       predict_step(spec, cluster, rate=rate, backend=backend, costs=costs,
-                                    overlap=overlap, plan=plan, colls=colls))
+                       predict_step(spec, cluster, rate=flops, backend=backend, costs=costs,
+                                    overlap=overlap, plan=plan, colls=colls, call_s=call_s))
                 for spec, plan, colls, peak in known]
         fitting = [a for a in rows if a.fits]
         if fitting:
-            best = min(fitting, key=lambda a: a.time.step_s)
+            best = min(fitting, key=lambda a: a.matched_s)
             rows = [dataclasses.replace(a, fastest=True) if a is best else a for a in rows]
         tables.append(rows)
     return tables
@@ -207,26 +239,32 @@ def _gathered(spec: BenchSpec, meta: Any, recipe: Any, plan: Any, rank: int) -> 
 
 
 def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
-                  memory_gb: float, rate: float, mfu: float, peak: float,
-                  overlap: bool, skipped: list[str] | None = None) -> str:
+                  memory_gb: float, rate: Rate, overlap: bool, memory_given: bool = True,
+                  skipped: list[str] | None = None) -> str:
+    """The table of one cluster: the assumptions (each value not measured for this run marked
+    "assumed"), the convention it ranks by, a row per option."""
+    memory_mark = "" if memory_given or not cluster.device.memory_assumed else " (assumed)"
     lines = [
         f"{base.recipe} on {cluster.describe()}",
-        f"assumptions: {cluster.device.name} peak {peak / 1e12:g} TFLOP/s ({base.dtype} "
-        f"compute), MFU {mfu:g} -> {rate / 1e12:.4g} TFLOP/s per rank; memory "
-        f"{memory_gb:g} GB per rank; micro-batch {base.batch} x {base.seq} tokens per rank; "
+        f"assumptions: {base.dtype}; {rate.describe()}; memory {memory_gb:g} GB per rank"
+        f"{memory_mark}; micro-batch {base.batch} x {base.seq} tokens per rank; "
         + describe_communicators(cluster.device.backend, base.comm_mem_mb,
                                  base.comm_split_shared) + "; overlap "
         + ("on (buckets hide behind backward, FSDP prefetches adjacent blocks)" if overlap
            else "off (all communication exposed)"),
+        f"ranked at matched progress (the paper's FLOP-matched convention): {FLOP_SCALED} "
+        f"take round(S / C) steps for ddp's S, every other option S; 'time s' is S = "
+        f"{PROGRESS_STEPS} ddp steps' progress; per-step figures beside it",
         f"{'option':<28} {'fits':>4} {'peak GB':>8} {'ring MB':>9} {'compute s':>10} "
-        f"{'comm s':>8} {'step s':>8} {'tokens/s':>10}",
+        f"{'comm s':>8} {'step s':>8} {'tokens/s':>10} {'steps':>6} {'time s':>9}",
     ]
     for a in rows:
         t = a.time
         lines.append(f"{a.spec.label:<28} {'yes' if a.fits else 'no':>4} "
                      f"{a.peak_bytes / GB:>8.2f} {max(t.ring_bytes, default=0) / 1e6:>9.1f} "
                      f"{t.compute_s:>10.3f} {t.exposed_comm_s:>8.3f} {t.step_s:>8.3f} "
-                     f"{t.tokens_per_s:>10.0f}" + ("  <- fastest that fits" if a.fastest else ""))
+                     f"{t.tokens_per_s:>10.0f} {a.steps:>6} {a.matched_s:>9.1f}"
+                     + ("  <- fastest that fits" if a.fastest else ""))
     if not any(a.fits for a in rows):
         lines.append("nothing fits: lower --batch-size or --seq-len, use --dtype bf16-mixed, "
                      "or add GPUs")
@@ -236,6 +274,5 @@ def format_advice(rows: list[Advice], cluster: Cluster, base: BenchSpec, *,
                      f"collectives grow with the square of the ranks; limit {NEURON_PLAN_CELLS:,} "
                      "plan cells)")
     lines.append("ring MB: bytes the busiest rank sends per step (counted, estimate.comm); "
-                 "comm s: exposed communication; SDP options train each block on a coverage "
-                 "share of the data per step: quality is not part of this table")
+                 "comm s: exposed communication; quality is not part of this table")
     return "\n".join(lines)

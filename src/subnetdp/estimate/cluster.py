@@ -38,10 +38,14 @@ class Device:
     peak_bf16: float  # dense FLOP/s at bf16 compute (tensor cores)
     peak_fp32: float  # dense FLOP/s at fp32 compute (TF32 tensor cores on GPUs)
     memory_gb: float
-    mfu: float  # model FLOP/s / peak: assumed on GPUs, measured on the CPU
+    mfu: float  # model FLOP/s / datasheet peak (``mfu_source``: which measurement)
     intra: Link  # the default link between ranks of one node
     note: str = ""
     backend: str = "nccl"  # the collectives' (distributed.process_group: gloo on CPUs)
+    mfu_source: str = ""
+    mfu_assumed: bool = True  # no measurement on this device produced ``mfu``
+    memory_assumed: bool = False  # ``memory_gb`` is not the device's datasheet figure
+    local: bool = False  # the machine ``plan`` runs on: its rate is measured there and then
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s of the compute dtype (``bf16-mixed`` and ``bf16`` compute in bf16)."""
@@ -53,18 +57,30 @@ class Device:
 
 
 GB = 1e9
+# llama-1b's training step on 8 x H200 (bf16-mixed, 4 x 2048 per rank, eager; ddp, b-sdp,
+# n-sdp, fsdp+ac within 2% of each other): 157 TFLOP/s executed per rank, over the 989
+# TFLOP/s datasheet peak (benchmarks/results/gpu_h200/mfu.md; torch.compile: 465, 0.47)
+H200_MFU = 157.4e12 / 989e12
+_H200 = ("measured: llama-1b on 8 x H200, bf16-mixed 4 x 2048, eager, "
+         "benchmarks/results/gpu_h200/mfu.md")
+_FROM_H200 = "the H200's measured MFU (llama-1b, bf16-mixed, eager), not measured on an "
 # Vendor datasheets, SXM parts, dense (the 2:4-sparsity figures are twice these); NVLink is
 # the per-GPU bidirectional figure halved: the rate per direction.
 DEVICES: dict[str, Device] = {d.name: d for d in (
-    Device("a100", 312e12, 156e12, 80, 0.40, Link(300 * GB, 5e-6), "A100 SXM 80GB, NVLink 3"),
-    Device("h100", 989e12, 494e12, 80, 0.40, Link(450 * GB, 5e-6), "H100 SXM, NVLink 4"),
-    Device("h200", 989e12, 494e12, 141, 0.40, Link(450 * GB, 5e-6), "H200 SXM, NVLink 4"),
-    # measured on this project's machine by python -m subnetdp.estimate.calibrate (4
-    # processes on the 2 cores, one thread each; each process's share; the machine was shared
-    # with other jobs, load about 7): peak = a 1024^3 fp32 matmul, mfu = llama-tiny's
-    # training step (counted FLOPs / time) / that peak (benchmarks/results/cpu_calibration.json)
+    Device("a100", 312e12, 156e12, 80, H200_MFU, Link(300 * GB, 5e-6), "A100 SXM 80GB, NVLink 3",
+           mfu_source=_FROM_H200 + "A100"),
+    Device("h100", 989e12, 494e12, 80, H200_MFU, Link(450 * GB, 5e-6), "H100 SXM, NVLink 4",
+           mfu_source=_FROM_H200 + "H100"),
+    Device("h200", 989e12, 494e12, 141, H200_MFU, Link(450 * GB, 5e-6), "H200 SXM, NVLink 4",
+           mfu_source=_H200, mfu_assumed=False),
+    # this project's machine: the rate is calibrated when the advisor runs (estimate.rates);
+    # the figures here are python -m subnetdp.estimate.calibrate's earlier record
+    # (benchmarks/results/cpu_calibration.json: 4 processes on the 2 cores, load about 7) and
+    # the loopback's measured rate; memory is a per-process allowance, not a datasheet's
     Device("cpu", 13.4e9, 13.4e9, 8, 0.25, Link(2.6e9 / 8, 5e-5),
-           "this project's 2-core Xeon, 4 processes sharing it (measured)", "gloo"),
+           "this project's 2-core Xeon, 4 processes sharing it", "gloo",
+           mfu_source="benchmarks/results/cpu_calibration.json, an earlier day's load",
+           memory_assumed=True, local=True),
 )}
 
 
@@ -100,6 +116,9 @@ class Cluster:
     inter: Link | None = None  # None: one node
     nics: int = 1
     shared_intra: bool = False
+    # the keys whose values are defaults, marked "assumed" in ``describe``: "intra",
+    # "intra-latency", "inter-latency"
+    assumed: frozenset[str] = frozenset()
 
     @property
     def world(self) -> int:
@@ -112,13 +131,16 @@ class Cluster:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     def describe(self) -> str:
+        def mark(key: str) -> str:
+            return ", assumed" if key in self.assumed else ""
+
         inter = "" if self.inter is None else (
             f", inter-node {_rate_text(self.inter.bandwidth)} x {self.nics} NIC(s) per node "
-            f"(latency {self.inter.latency * 1e6:g} us)")
+            f"(latency {self.inter.latency * 1e6:g} us{mark('inter-latency')})")
         share = " shared by the node's ranks" if self.shared_intra else " per rank"
         return (f"{self.nodes} node(s) x {self.ranks_per_node} {self.device.name}, intra-node "
-                f"{_rate_text(self.intra.bandwidth)}{share} (latency "
-                f"{self.intra.latency * 1e6:g} us){inter}")
+                f"{_rate_text(self.intra.bandwidth)}{share}{mark('intra')} (latency "
+                f"{self.intra.latency * 1e6:g} us{mark('intra-latency')}){inter}")
 
 
 def _rate_text(bytes_per_s: float) -> str:
@@ -169,8 +191,13 @@ def parse_cluster(text: str) -> Cluster:
     shared = values.get("shared-intra", "0")
     if shared not in ("0", "1"):
         raise ValueError(f"--cluster: shared-intra must be 0 or 1, got {shared!r}")
+    # the device table's link (a datasheet peak; the CPU's, an earlier day's loopback) and
+    # the default latencies: nobody measured them for this cluster
+    assumed = {k for k in ("intra", "intra-latency", "inter-latency") if k not in values}
+    if inter is None:
+        assumed.discard("inter-latency")
     return Cluster(nodes, per_node, device, intra, inter, _positive_int(values, "nics", 1),
-                   shared == "1")
+                   shared == "1", frozenset(assumed))
 
 
 def _positive_int(values: dict[str, str], key: str, default: int) -> int:

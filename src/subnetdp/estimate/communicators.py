@@ -89,12 +89,15 @@ def describe_communicators(backend: str, comm_mem_mb: float, shared: bool) -> st
         return f"{backend} ring collectives: no communicator memory"
     if comm_mem_mb == 0:
         return "NCCL ring collectives, communicators not counted (--comm-mem-mb 0)"
+    # the default size is derived from NCCL's buffer settings, not measured: assumed
+    mark = ", assumed" if comm_mem_mb == DEFAULT_COMM_MB else ""
     if not shared:
-        return (f"NCCL ring collectives, {comm_mem_mb:g} MiB per communicator (holder groups split "
-                f"from the world one with separate buffers: {SPLIT_SHARE_VAR} unset)")
-    return (f"NCCL ring collectives, {comm_mem_mb:g} MiB for the world communicator + "
-            f"{min(comm_mem_mb, SHARED_CHILD_MB):g} per holder group ({SPLIT_SHARE_VAR}=1: "
-            "split with shared resources)")
+        return (f"NCCL ring collectives, {comm_mem_mb:g} MiB per communicator{mark} (holder "
+                f"groups split from the world one with separate buffers: {SPLIT_SHARE_VAR} "
+                "unset)")
+    return (f"NCCL ring collectives, {comm_mem_mb:g} MiB for the world communicator{mark} + "
+            f"{min(comm_mem_mb, SHARED_CHILD_MB):g} per holder group (an assumed upper bound; "
+            f"{SPLIT_SHARE_VAR}=1: split with shared resources)")
 
 
 def check_comm_mem_mb(mb: float) -> None:

@@ -38,9 +38,16 @@
   the first ``burst`` bytes after each idle gap at once; blocking calls separated by compute
   each start after such a gap.
 
+- **Host time per FSDP call** (``call_s``): each FSDP module's gather and reduce-scatter
+  costs hook, copy-in/out and rendezvous time that neither the FLOP rate nor the bytes
+  contain; measured on a model of tiny FSDP modules (``estimate.calibrate``'s
+  ``fsdp_call_s``) and added to compute once per call (n-sdp+fsdp before its parts were
+  grouped per block: about a hundred calls per step on llama-tiny).
+
 The model is calibrated, never fitted to the step times it predicts: ``rate`` from a matmul
-and a compute-only training step (``estimate.calibrate``), α and β of a link from a ping-pong
-and a large transfer (the emulated benchmark's probe).
+and a compute-only training step and ``call_s`` from tiny FSDP modules
+(``estimate.calibrate``), α and β of a link from a ping-pong and a large transfer (the
+emulated benchmark's probe).
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from subnetdp.estimate.comm import analytic_comm, by_row, gather_scatter_elems
 from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
 from subnetdp.plan import Plan
 from subnetdp.subnet.costs import ModelCosts, UnitCost, recipe_costs
+from subnetdp.subnet.units import unit_modules
 
 # per backend, wire bytes / counted ring bytes of a collective kind (1 when absent)
 WIRE: dict[str, dict[str, float]] = {"gloo": {"reduce_scatter": 2.0}, "nccl": {}}
@@ -170,13 +178,22 @@ def _buckets(payload: float, cap: float, *, first: bool = False) -> int:
 def _fsdp_modules(spec: BenchSpec, plan: Plan | None) -> dict[tuple[int, ...], int]:
     """FSDP modules per group (each one collective call per gather or reduce-scatter): the
     world's root (shared parameters) plus, per holder group, its blocks (the FSDP baselines:
-    every block over the world)."""
+    every block over the world); n-sdp's, one per block and holder group of the parts it
+    holds (``runtime.fsdp`` [Note: one FSDP module per block and holder group]; under
+    activation checkpointing one per part: counted per unit here, a lower bound)."""
+    recipe, meta = meta_model(spec, check_seq=False)
     if plan is None or not spec.is_sdp:
-        recipe, meta = meta_model(spec, check_seq=False)
         plan = make_bench_plan(spec, meta, recipe)
     world = tuple(range(spec.world))
     out: dict[tuple[int, ...], int] = defaultdict(int)
     out[world] = 1
+    if spec.is_sdp and spec.strategy_value.splits_layers and not spec.uses_ac:
+        blocks = [name + "." for name, _ in unit_modules(meta, recipe.adapter)]
+        cases = {(next((b for b in blocks if plan.units[u].name.startswith(b)), None),
+                   plan.holders(u)) for u in range(plan.num_units)}
+        for _, holders in cases:
+            out[holders] += 1
+        return dict(out)
     for u in range(plan.num_units):
         holders = world if not spec.is_sdp else plan.holders(u)
         out[holders] += 1
@@ -342,12 +359,14 @@ class StepTime:
 def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str = "nccl",
                  costs: ModelCosts | None = None, overlap: bool = True,
                  plan: Plan | None = None,
-                 colls: list[list[Collective]] | None = None) -> StepTime:
+                 colls: list[list[Collective]] | None = None, call_s: float = 0.0) -> StepTime:
     """The model's step time of ``spec`` on ``cluster`` (``cluster.world`` must be
     ``spec.world``) at ``rate`` model FLOP/s per rank; ``costs``: the recipe's at the spec's
     batch and sequence (measured when not given); ``overlap=False``: every collective on the
     critical path. ``plan`` (SDP) and ``colls`` (``collectives(spec)``): computed once by a
-    caller that predicts one spec on several clusters."""
+    caller that predicts one spec on several clusters. ``call_s``: the host time of one FSDP
+    collective call beyond its bytes (hooks, copy-in/out, the holders' rendezvous), measured
+    by ``estimate.calibrate`` (``fsdp_call_s``): part of compute, once per call."""
     if cluster.world != spec.world:
         raise ValueError(f"the cluster has {cluster.world} ranks, the spec {spec.world}")
     if rate <= 0:
@@ -363,6 +382,9 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
     slowest = max(flops, key=lambda f: f.total)
     fwd_s, bwd_s = slowest.forward / rate, (slowest.backward + slowest.recompute) / rate
     colls = colls if colls is not None else collectives(spec)
+    if call_s:  # what the FLOP rate misses: FSDP's host time per call (module docstring)
+        fwd_s += call_s * _calls(_part(colls, lambda c: c.fsdp and c.phase == "forward"))
+        bwd_s += call_s * _calls(_part(colls, lambda c: c.fsdp and c.phase == "backward"))
     wire = WIRE.get(backend, {})
     if spec.uses_fsdp and spec.ring_reduce_scatter and backend == "gloo":
         wire = {**wire, "reduce_scatter": RING_REDUCE_SCATTER_WIRE}

@@ -30,6 +30,7 @@ from subnetdp.runtime.fsdp import (
     local_grad_sq_norm,
     local_tensor,
     my_chunk,
+    shard_block_groups,
     shard_blocks,
 )
 from subnetdp.runtime.grouped import GroupedLayer, ungroup_state
@@ -243,12 +244,19 @@ class FSDPBackend:
         stored = local_tensor(next(module.parameters())).dtype
         self._wire = ((param_dtype or stored).itemsize, (reduce_dtype or stored).itemsize)
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-        self.sharded, self.traffic = shard_blocks(
-            module, shardable, plan, groups, device_type=device.type, mp_policy=policy,
-            frozen=frozen,
+        grouped = (block_parts(module, adapter, shardable) if strategy.splits_layers
+                   else [])  # [Note: one FSDP module per block and holder group]
+        in_groups = {id(m) for _, parts in grouped for _, m in parts}
+        self.sharded, self.traffic = shard_block_groups(
+            grouped, plan, groups, device_type=device.type, mp_policy=policy, gloo=gloo)
+        sharded, traffic = shard_blocks(
+            module, [(u, m) for u, m in shardable if id(m) not in in_groups], plan, groups,
+            device_type=device.type, mp_policy=policy, frozen=frozen,
             reshard_after_forward=not strategy.fsdp_keeps_gathered,  # [Note: neuron groups]
-            prefetch=mode, gloo=gloo,
+            prefetch=mode, gloo=gloo, sharded_before=sum(t.numel for t in self.traffic),
         )
+        self.sharded += sharded
+        self.traffic += traffic
         self.trainable = Trainable(
             {k: p for k, p in module.named_parameters() if p.requires_grad}, {}
         )
@@ -357,6 +365,23 @@ class FSDPBackend:
                     del shapes[k]
                 shapes[prefix + name] = torch.Size(shape)
         return shapes
+
+
+def block_parts(module: nn.Module, adapter: UnitAdapter,
+                parts: Sequence[tuple[int, nn.Module]],
+                ) -> list[tuple[nn.Module, list[tuple[int, nn.Module]]]]:
+    """``parts`` (held grouped parts) by the block that contains them, blocks in model
+    order; a checkpointed block's are left out ([Note: one FSDP module per block and holder
+    group] in ``runtime.fsdp``), as are parts outside every block."""
+    where = {id(m): (u, m) for u, m in parts}
+    out = []
+    for _, block in unit_modules(module, adapter):
+        if getattr(block, "_subnetdp_checkpointed", False):
+            continue
+        mine = [where[id(m)] for m in block.modules() if id(m) in where]
+        if mine:
+            out.append((block, mine))
+    return out
 
 
 def _part_order(module: nn.Module, pieces: Sequence[Piece], held: set[int]) -> list[int]:

@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from subnetdp.strategy import NAMES, STRATEGIES, Strategy, get_strategy
+from subnetdp.strategy import NAMES, STRATEGIES, Strategy, get_strategy, matched_steps
 from subnetdp.train.config import TrainConfig
 
 BUDGETS = ("step", "flop")
@@ -31,8 +31,7 @@ REGULARISED = {"ddp+sd": "stochastic_depth", "ddp+dropout": "neuron_dropout"}
 # Methods in table order: every strategy, then the baselines.
 METHODS = (*NAMES, *REGULARISED)
 # get round(S / C) steps when FLOP-matched: the forward-masked strategies, and stochastic depth
-FLOP_SCALED = frozenset({*(n for n, s in STRATEGIES.items() if s.masking == "forward"),
-                         "ddp+sd"})
+FLOP_SCALED = frozenset({*(n for n, s in STRATEGIES.items() if s.flop_scaled), "ddp+sd"})
 
 
 def method_strategy(method: str) -> Strategy:
@@ -110,7 +109,7 @@ def budget_steps(method: str, coverage: float, steps: int, budget: str) -> int:
     if budget not in BUDGETS:
         raise ValueError(f"unknown budget {budget!r}; use one of {BUDGETS}")
     if budget == "flop" and method in FLOP_SCALED:
-        return round(steps / coverage)
+        return matched_steps(steps, coverage)
     return steps
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from subnetdp.plan import Plan, make_plan
 from subnetdp.plan.files import check_shape, read_plan_file
+from subnetdp.plan.nodes import spread_over_nodes
 from subnetdp.strategy import PlanSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
 from subnetdp.subnet.neurons import make_neuron_plan
@@ -25,6 +26,18 @@ CostsFn = Callable[[str], Sequence[float] | Sequence[Sequence[float]]]
 
 
 def build_plan(
+    model: nn.Module, adapter: UnitAdapter, strategy: Strategy, spec: PlanSpec, *, world: int,
+    costs: CostsFn | None = None,
+) -> Plan:
+    """The plan ``spec`` describes for ``world`` workers (``_scheme_plan``), its holders spread
+    over ``spec.nnodes`` nodes when ``spec.spreads_nodes`` ([Note: holders across nodes])."""
+    plan = _scheme_plan(model, adapter, strategy, spec, world=world, costs=costs)
+    if not spec.spreads_nodes:
+        return plan
+    return spread_over_nodes(plan, min(spec.nnodes, world))
+
+
+def _scheme_plan(
     model: nn.Module, adapter: UnitAdapter, strategy: Strategy, spec: PlanSpec, *, world: int,
     costs: CostsFn | None = None,
 ) -> Plan:

@@ -99,6 +99,7 @@ APPLIES: dict[str, Rule] = {
                      "SDP strategies whose plan is made from it (not with --plan-file, "
                      "--capacities or --memory-gb)"),
     "scheme": Rule(_held_plan, "SDP strategies without --plan-file"),
+    "spread_nodes": Rule(_held_plan, "SDP strategies without --plan-file"),
     "balance": Rule(lambda c: _held_plan(c) and (
         c.scheme == "balanced" or c.capacities is not None or c.memory_gb is not None),
         "balanced plans (--scheme balanced, --capacities or --memory-gb)"),
@@ -145,11 +146,12 @@ ALWAYS = frozenset({
     "collective_timeout", "log_every", "progress", "eval_every", "eval_batches", "memory_step",
     "peak_tflops", "tensorboard", "wandb", "wandb_project", "out", "resume",
     "config_version", "compile", "accept_new_data",
-    "init_from"})
+    "init_from", "nnodes", "max_nproc"})
 
 
 # Switches on by default: the flag a user gives turns them off.
-NEGATED = {"tf32": "--no-tf32", "rescue": "--no-rescue", "final_ckpt": "--no-final-ckpt"}
+NEGATED = {"tf32": "--no-tf32", "rescue": "--no-rescue", "final_ckpt": "--no-final-ckpt",
+           "spread_nodes": "--no-spread-nodes"}
 
 
 def applies(cfg: TrainConfig, name: str) -> bool:

@@ -92,6 +92,13 @@ class TrainConfig:
     # rescue = on a lost worker, go on from the survivors' copies of the step in flight instead
     # of the newest checkpoint when the plan allows it (train/rescue.py, [Note: rescue])
     rescue: bool = True
+    # failure domains (plan/nodes.py): the built-in launcher emulates nnodes nodes (contiguous
+    # ranks; under torchrun, its nodes); spread_nodes puts each unit's holders on >= 2 of them
+    nnodes: int = 1
+    spread_nodes: bool = True
+    # grow back (train/grow.py): the launcher starts this many workers, those beyond nproc
+    # joining the run at a step boundary (also after an elastic shrink: a restarted worker)
+    max_nproc: int | None = None
     # Seconds a collective may wait for a peer before the group stops, naming the silent rank
     # (also bounds worker start-up); evaluation and checkpoint writes get longer
     # (distributed/timeouts.py).
@@ -236,6 +243,7 @@ class TrainConfig:
             check_comm_mem_mb(self.comm_mem_mb)
         if self.min_holders < 1:
             bad(f"--min-holders must be >= 1, got {self.min_holders}")
+        _check_machines(self)
         if self.max_groups is not None and (
                 self.max_groups < 1 or self.plan_spec.balanced or self.memory_gb is not None
                 or strategy.neuron_level):
@@ -395,6 +403,16 @@ def config_keys() -> frozenset[str]:
     """The fields of ``TrainConfig``: all that a checkpoint's recorded config may hold
     (``checkpoint.files.read_manifest``)."""
     return frozenset(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def _check_machines(cfg: TrainConfig) -> None:
+    """What ``TrainConfig.validate`` checks of --nnodes (plan/nodes.py) and --max-nproc
+    (train/grow.py)."""
+    if cfg.max_nproc is not None and cfg.max_nproc < cfg.nproc:
+        raise ValueError(f"--max-nproc must be >= --nproc ({cfg.nproc}), got {cfg.max_nproc}")
+    if not 1 <= cfg.nnodes <= cfg.nproc:
+        raise ValueError(f"--nnodes must be between 1 and --nproc ({cfg.nproc}), got "
+                         f"{cfg.nnodes}")
 
 
 def _check_hetero(cfg: TrainConfig) -> None:

@@ -36,6 +36,7 @@ from subnetdp.checkpoint.files import checkpoints_root, newest_checkpoint, read_
 from subnetdp.checkpoint.rescue import RescueUnavailableError, clear_rescue, compose_rescue
 from subnetdp.distributed import faults
 from subnetdp.distributed.launch import WorkerFailedError, launch
+from subnetdp.distributed.nodes import emulate_nodes
 from subnetdp.distributed.process_group import under_launcher
 from subnetdp.distributed.timeouts import (
     CollectiveTimeoutError,
@@ -45,6 +46,7 @@ from subnetdp.distributed.timeouts import (
 )
 from subnetdp.metrics.sinks import rank_jsonl_path
 from subnetdp.plan import Plan
+from subnetdp.plan.nodes import node_of
 from subnetdp.plan.shrink import replan_blocker, shrink_plans
 from subnetdp.train.config import TrainConfig, config_keys
 from subnetdp.train.rescue import rescue_blocker
@@ -91,15 +93,18 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
     shrunk group re-plans for its world: ``fn`` then gets the config alone); ``holders``:
     ``shrink_holders``' answer. Returns the last attempt's ``{rank: result}``."""
     armed = os.environ.get(faults.ENV)
+    nodes = cfg.nnodes  # the emulated machines: joiners replace a lost node's ranks
     try:
         while True:
             args = (cfg.to_dict(),) if plan is None else (cfg.to_dict(), plan)
+            procs = max(cfg.nproc, cfg.max_nproc or 0)
             if not under_launcher():  # an earlier group's contributions never mix in
                 clear_rescue(cfg.out)
             try:
-                return launch(fn, args, nproc=cfg.nproc, run_id=run_id,
-                              max_restarts=cfg.max_restarts, start_method=start_method,
-                              **launch_kw)
+                # --max-nproc: the workers beyond --nproc join at a step boundary (grow.py)
+                return launch(emulate_nodes(fn, nodes if procs > cfg.nproc else cfg.nnodes),
+                              args, nproc=procs, run_id=run_id, max_restarts=cfg.max_restarts,
+                              start_method=start_method, **launch_kw)
             except WorkerFailedError as e:
                 os.environ[faults.ENV] = ""  # an injected fault fires once per run
                 smaller, why = rescued_config(cfg, e.silent)
@@ -162,11 +167,16 @@ def rescued_config(cfg: TrainConfig, silent: Sequence[int] = ()) -> tuple[TrainC
         return None, str(e)
     if len(survivors) < cfg.min_nproc:
         return None, f"{len(survivors)} survivors are fewer than --min-nproc {cfg.min_nproc}"
-    smaller = dataclasses.replace(cfg, nproc=len(survivors), resume=str(ckpt), reshard=True)
-    for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the step
+    # the lost group's world: --nproc, or more when it had grown ([Note: growing a run])
+    world = int(read_manifest(ckpt, config_keys=config_keys())["world"])
+    # the survivors stay on their nodes: a node whose every rank was lost is gone
+    nodes = {node_of(r, world, cfg.nnodes) for r in survivors}
+    smaller = dataclasses.replace(cfg, nproc=len(survivors), resume=str(ckpt), reshard=True,
+                                  nnodes=len(nodes))
+    for rank in range(smaller.nproc, world):  # the lost ranks' lines after the step
         truncate_metrics(rank_jsonl_path(Path(cfg.out), rank), step)
-    lost = sorted(set(range(cfg.nproc)) - set(survivors))
-    return smaller, (f"rank(s) {lost} of {cfg.nproc} lost; rescued step {step} from the "
+    lost = sorted(set(range(world)) - set(survivors))
+    return smaller, (f"rank(s) {lost} of {world} lost; rescued step {step} from the "
                      f"survivors' copies ({ckpt}); going on with "
                      f"{smaller.nproc} workers, resharded, no step replayed")
 
@@ -185,7 +195,8 @@ def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> Tra
     if newest is None:
         return None
     step = int(read_manifest(newest, config_keys=config_keys())["step"])
-    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - lost, resume=str(newest), reshard=True)
+    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - lost, resume=str(newest), reshard=True,
+                                  nnodes=min(cfg.nnodes, cfg.nproc - lost))
     for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the checkpoint
         path = rank_jsonl_path(Path(cfg.out), rank)
         truncate_metrics(path, step)

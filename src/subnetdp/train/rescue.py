@@ -55,6 +55,7 @@ import torch.distributed as dist
 from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError
 from subnetdp.checkpoint.rescue import rescue_attempt_dir
 from subnetdp.distributed import faults
+from subnetdp.train.grow import GrowAt
 
 __all__ = ["StepCommit", "rescue_blocker", "rescue_enabled", "save_rescue", "unreached_phase"]
 
@@ -120,10 +121,11 @@ def save_rescue(commit: StepCommit, ckpt: Checkpointer, opt: torch.optim.Optimiz
     try:
         yield
     except BaseException as e:
-        # the run's own agreed stop, Ctrl-C, an injected crash of this rank and a rank whose
-        # process group was aborted under it (the lost one: its peers saw it go) save nothing
+        # the run's own agreed stop, Ctrl-C, an injected crash of this rank, a growth
+        # ([Note: growing a run], train/grow.py) and a rank whose process group was aborted
+        # under it (the lost one: its peers saw it go) save nothing
         if commit.enabled and dist.is_initialized() and not isinstance(
-                e, RunStoppedError | KeyboardInterrupt | faults.InjectedFault):
+                e, RunStoppedError | KeyboardInterrupt | faults.InjectedFault | GrowAt):
             _save(commit, ckpt, opt, sched, out)
         raise
 

@@ -61,7 +61,7 @@ __all__ = [
 RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", "final_ckpt",
                                 "max_restarts",
                                 "eval_batches", "memory_step", "log_every", "resume",
-                                "min_nproc", "rescue", "collective_timeout",
+                                "min_nproc", "max_nproc", "rescue", "collective_timeout",
                                 # watching the run (metrics/tracking.py)
                                 "tensorboard", "wandb", "wandb_project", "eval_every",
                                 "peak_tflops", "eval_tasks", "eval_limit",
@@ -71,7 +71,8 @@ RESUME_OVERRIDABLE = frozenset({"steps", "progress", "ckpt_every", "ckpt_keep", 
                                 "accept_new_data"})
 # What --reshard may change besides: the world size and the plan ([Note: resharded resume]).
 RESHARD_OVERRIDABLE = frozenset({"nproc", "coverage", "scheme", "balance", "min_holders",
-                                 "plan_file", "neuron_groups", "neuron_kinds", "rotate"})
+                                 "plan_file", "neuron_groups", "neuron_kinds", "rotate",
+                                 "nnodes", "spread_nodes"})
 
 
 class NonFiniteLossError(RunStoppedError):

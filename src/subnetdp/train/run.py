@@ -4,6 +4,7 @@ processes, or this process under torchrun), and the run's summary."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -42,6 +43,8 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     from subnetdp.train.trainer import train_worker
 
     cfg = cfg.resolved()
+    if under_launcher():
+        cfg = _under_torchrun(cfg)
     if not cfg.resume:  # a resumed run reads what it read before, from its own folder too
         check_run_inputs(cfg.out, _inputs(cfg))  # [Note: outputs apart from sources]
     # under torchrun every worker makes its own plan
@@ -87,6 +90,17 @@ def run_training(cfg: TrainConfig, *, start_method: str | None = None) -> dict[s
     return json.loads(summary_path.read_text()) if summary_path.exists() else {}
 
 
+def _under_torchrun(cfg: TrainConfig) -> TrainConfig:
+    """What torchrun decides for the run: its nodes ([Note: emulated nodes] in
+    distributed/nodes.py); growing is its own too (``--max-nproc`` is the local launcher's)."""
+    from subnetdp.distributed.nodes import launcher_nnodes
+
+    if cfg.max_nproc is not None:
+        raise ValueError("--max-nproc grows a local run; under torchrun a node joins by "
+                         "torchrun's --nnodes MIN:MAX (docs/checkpointing.md): drop it")
+    return dataclasses.replace(cfg, nnodes=launcher_nnodes())
+
+
 def _preflight(
     cfg: TrainConfig, say: Callable[[str], None] | None,
 ) -> tuple[Plan, dict[int, int], list[str]]:
@@ -96,6 +110,7 @@ def _preflight(
     from subnetdp.distributed import faults
     from subnetdp.train.build import replanner
     from subnetdp.train.elastic import check_replan_options, shrink_holders
+    from subnetdp.train.grow import check_growth
     from subnetdp.train.hetero import budget_plan
     from subnetdp.train.rescue import unreached_phase
     from subnetdp.train.resume import preflight_resume, recorded_data
@@ -114,9 +129,11 @@ def _preflight(
     if cfg.resume:
         preflight_resume(cfg)
     check_replan_options(cfg)
-    holders = shrink_holders(cfg, replanner(cfg, task.model_overrides()))
+    make = replanner(cfg, task.model_overrides())
+    holders = shrink_holders(cfg, make)
+    check_growth(cfg, make)  # --max-nproc: the grown world's plan (train/grow.py)
     # a testing hook ([Note: rescue]), ignored unless set: refused if it could never fire
-    faults.check_env(cfg.nproc, first=_first_step(cfg), last=cfg.steps,
+    faults.check_env(cfg.nproc, nodes=cfg.nnodes, first=_first_step(cfg), last=cfg.steps,
                      unreached=functools.partial(unreached_phase, cfg))
     return plan, holders, mapped
 

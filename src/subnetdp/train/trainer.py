@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError, run_info
+from subnetdp.checkpoint.reshard import HeldCheckpoint
 from subnetdp.distributed import faults
 from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.distributed.signals import GracefulStop
@@ -45,6 +46,7 @@ from subnetdp.train.build import build_rank, make_optimizer, run_plan, save_plan
 from subnetdp.train.config import TrainConfig
 from subnetdp.train.device import run_device, to_device
 from subnetdp.train.flops import rank_step_flops
+from subnetdp.train.grow import Growth, grow_worker, grows
 from subnetdp.train.init_from import init_weights
 from subnetdp.train.rescue import StepCommit, rescue_enabled, save_rescue
 from subnetdp.train.resume import (
@@ -91,6 +93,8 @@ def train_worker(cfg_dict: dict[str, Any], plan: Plan | None = None) -> dict[str
     ``plan``: the run's plan, read and validated by the launching process (None: build it
     here, as under torchrun or after an elastic shrink)."""
     cfg = TrainConfig.from_dict(cfg_dict)
+    if grows(cfg):  # a launch with joiners ([Note: growing a run] in train/grow.py)
+        return grow_worker(cfg, plan, _run)
     # start-up (model build, restore) may be slow; the steps get --collective-timeout
     rank, world = init_distributed("gloo" if cfg.device == "cpu" else None,
                                    timeout=slow_timeout(cfg.collective_timeout))
@@ -177,8 +181,12 @@ class _Window:
 # makes each window's total exact).
 
 
-def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> dict[str, Any]:
-    run = _start(cfg, rank, world, plan)
+def _run(cfg: TrainConfig, rank: int, world: int, plan: Plan | None, *,
+         held: HeldCheckpoint | None = None, grow: Growth | None = None) -> dict[str, Any]:
+    """``held``: a grown group's state, in memory; ``grow``: the members' side of a launch
+    with joiners ([Note: growing a run] in train/grow.py)."""
+    run = _start(cfg, rank, world, plan, held)
+    run.grow = grow
     _loop(run)
     return _finish(run)
 
@@ -224,9 +232,11 @@ class _RunState:
     max_active: float | None = None  # CPU: known from the memory step on
     train_time: float = 0.0
     evaluation: dict[str, float] = field(default_factory=dict)  # the summary's
+    grow: Growth | None = None  # joiners wait ([Note: growing a run] in train/grow.py)
 
 
-def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> _RunState:
+def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None,
+           held: HeldCheckpoint | None = None) -> _RunState:
     """Everything before the first step: the folder, the plan, this rank's model, optimizer
     and checkpointer (restored on a resume), the run's files (rank 0), the data and sinks."""
     out = Path(cfg.out)
@@ -243,16 +253,20 @@ def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> _RunSt
         with torch.device("meta"):
             plan = run_plan(cfg, recipe.build_model(**overrides), recipe, world)
     model = build_rank(cfg, recipe, plan, device, overrides)
-    source = resume_source(cfg.resume, out)  # also: after an elastic restart, the newest
+    # also: after an elastic restart, the newest; a grown group's is in memory (held)
+    source = resume_source(cfg.resume, out) if held is None else None
     # --init-from: every rank reads the pieces it holds, before the optimizer sees them,
     # unless a checkpoint (a resume, a restart) holds newer weights
-    init = init_weights(cfg.init_from, model, rank, source) if cfg.init_from else {}
+    init = init_weights(cfg.init_from, model, rank, source) \
+        if cfg.init_from and held is None else {}
     opt, sched = make_optimizer(cfg, recipe, model)
     ckpt = Checkpointer(out, model, opt, sched, plan=plan, cfg=cfg, rank=rank, world=world,
                         info={**run_info(recipe, overrides, storage_dtype(cfg.composition())),
                               "data": task.data_identity(),
                               **init})
-    start = ckpt.restore(source) if source is not None else 0
+    start = (ckpt.restore_held(held) if held is not None else
+             ckpt.restore(source) if source is not None else 0)
+    resumed = source is not None or held is not None
     set_timeout(cfg.collective_timeout)
     stop = GracefulStop()  # SIGTERM/SIGINT: finish a checkpoint that is due soon, then exit
     if rank == 0:
@@ -261,7 +275,7 @@ def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> _RunSt
         save_run_tokenizer(task, out)  # the run keeps its own tokenizer (for export)
 
     batches = task.batches(rank=rank, world=world, start_step=start)  # exact data position
-    losses = drop_replayed_metrics(rank_jsonl_path(out, rank), start, resumed=source is not None)
+    losses = drop_replayed_metrics(rank_jsonl_path(out, rank), start, resumed=resumed)
     progress = Progress(cfg.steps, enabled=rank == 0 and cfg.progress,
                         desc=cfg.strategy_value.name, start=start)
     comm = model.comm_stats
@@ -271,7 +285,7 @@ def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None) -> _RunSt
              if peak is not None else None)
     val_sink = None
     if rank == 0:
-        drop_replayed_metrics(val_jsonl_path(out), start, resumed=source is not None)
+        drop_replayed_metrics(val_jsonl_path(out), start, resumed=resumed)
         val_sink = JsonlSink(val_jsonl_path(out))
     tracker = Tracker(out, tensorboard=cfg.tensorboard,
                       wandb_project=cfg.wandb_project or ("subnetdp" if cfg.wandb else None),
@@ -343,8 +357,9 @@ def _step(run: _RunState, done: int, sink: JsonlSink) -> None:
         "comm/bytes_per_step": run.step_bytes[-1],
         "comm/refresh_bytes_per_step": run.refresh_bytes[-1]})
     due = run.ckpt.due(done)
+    growing = run.grow is not None and run.grow.due(done)  # collective: joiners wait
     # the first step too, so that a progress line shows at once (one more host sync)
-    if due or done % cfg.log_every == 0 or done == cfg.steps or done == run.start + 1:
+    if due or growing or done % cfg.log_every == 0 or done in (cfg.steps, run.start + 1):
         run.losses += run.window.flush(sink, run.out, run.tracker, state_finite(model, opt))
         if slow := run.watch.exchange(done):
             print(slow, flush=True)
@@ -363,6 +378,8 @@ def _step(run: _RunState, done: int, sink: JsonlSink) -> None:
         run.progress.message(f"validation at step {done}/{cfg.steps}: "
                              + _format_evaluation(evaluation))
     run.stop.after_step(done, every=cfg.ckpt_every, total=cfg.steps, step_s=dt, saved=due)
+    if run.grow is not None and growing:  # [Note: growing a run] in train/grow.py
+        raise run.grow.handover(done, run.ckpt)
 
 
 def _finish(run: _RunState) -> dict[str, Any]:
