@@ -168,6 +168,24 @@ def test_each_kind_is_named_in_one_line_and_rescued(
 @long_faults
 @pytest.mark.dist
 @pytest.mark.timeout(600)
+def test_a_node_of_the_launchers_emulated_nodes(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train --nnodes 2`` tells each worker its node (GROUP_RANK): node 1's ranks die
+    together, and the holders the plan spread over both nodes rescue the step."""
+    monkeypatch.setenv(faults.ENV, "1:4:forward:node")
+    monkeypatch.delenv(faults.NODES_ENV, raising=False)
+    run = tmp_path / "run"
+    code, err = run_cli(["train", *TINY, "--nnodes", "2", "--out", str(run)], capsys)
+    assert code == 0, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("subnetdp train: ")]
+    assert len(lines) == 1 and "rank(s) [2, 3] of 4 lost; rescued step 3 " in lines[0], err
+    assert read_manifest(step_dir(run / "checkpoints", 6))["world"] == 2
+
+
+@long_faults
+@pytest.mark.dist
+@pytest.mark.timeout(600)
 def test_a_straggler_is_named_and_not_stopped(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:

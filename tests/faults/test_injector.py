@@ -216,6 +216,9 @@ def test_check_env_refuses_a_fault_that_never_fires(monkeypatch: pytest.MonkeyPa
                              "(ranks 0..1)"),
     ("1:9:forward:kill", [], "SUBNETDP_FAULT names step 9, but this run trains steps 1..2, so "
                              "it would never fire; name a step in that range"),
+    ("2:1:forward:node", ["--nnodes", "2"], "SUBNETDP_FAULT names node 2, but the run has 2 "
+                                            "node(s) (nodes 0..1; SUBNETDP_FAULT_NODES emulates "
+                                            "more)"),
     ("1:2:commit:kill",
      ["--ckpt-every", "1", "--min-nproc", "1", "--no-rescue", "--coverage", "1"],
      "SUBNETDP_FAULT names phase commit, which this run never reaches at step 2 (only a "
