@@ -151,7 +151,11 @@ def _tables(rows: list[dict]) -> str:
         "checkpoint is compared, tensor for tensor, with an uninterrupted run's of the same "
         "step. Gap: seconds from the last step committed before the fault to the first after "
         "it (detection, the stop, composing, the new group's start and one step), on a "
-        "shared, loaded 2-core CPU machine.", "",
+        "shared, loaded 2-core CPU machine. 'stopped': a run that cannot rescue (`--zero`, "
+        "`--fsdp`) lost a rank before its first checkpoint (step 4); from fault 27 on the "
+        "launcher's line says so (before, the table shows the failure's summary line). "
+        "'no failure seen': a straggler that the watch does not time (under `--fsdp`, or "
+        "slowed before a backward-masking refresh, which its peers wait in).", "",
         "Kinds: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + ". Outcomes: "
         + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items())) + ".", "",
         f"Rescued {len(rescued)}: steps lost {sum(r['steps_lost'] for r in rescued)}, mixed "
