@@ -15,6 +15,8 @@ newer name.
   module; it is the same from 2.9 to 2.15.
 - ``LaunchConfig(shutdown_timeout=)`` (the workers' grace between SIGTERM and SIGKILL) first
   ships in torch 2.12; before it torch elastic's grace is a fixed 30 s.
+- ``_abort_process_group`` (a rank's groups aborted under it: the fault injector's ``abort``)
+  is private in every supported release.
 - The default process group and store, the registry of every group and a group's timeout are
   private names of ``distributed_c10d`` (unchanged from 2.9 to 2.15).
 
@@ -35,8 +37,8 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
-__all__ = ["ReduceScatter", "all_gather_single", "default_group", "default_store",
-           "launch_grace", "reduce_scatter_single",
+__all__ = ["ReduceScatter", "abort_process_group", "all_gather_single", "default_group",
+           "default_store", "launch_grace", "reduce_scatter_single",
            "set_group_timeouts", "set_unshard_async"]
 
 
@@ -69,6 +71,17 @@ def launch_grace(seconds: int) -> dict[str, Any]:
 
     fields = LaunchConfig.__dataclass_fields__
     return {"shutdown_timeout": seconds} if "shutdown_timeout" in fields else {}
+
+
+def abort_process_group() -> None:
+    """Abort this rank's process groups, as a communicator's watchdog does (private
+    ``_abort_process_group`` from 2.9 to 2.15; else destroyed, which ends them the same way
+    for gloo)."""
+    abort = getattr(c10d, "_abort_process_group", None)
+    if abort is None:
+        dist.destroy_process_group()
+        return
+    abort()
 
 
 def default_group() -> dist.ProcessGroup:

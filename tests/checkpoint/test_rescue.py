@@ -159,6 +159,23 @@ def test_rescued_config_goes_on_with_the_survivors(tmp_path: Path) -> None:
         None, "2 survivors are fewer than --min-nproc 3")
 
 
+def test_a_rank_named_silent_is_lost_whatever_it_saved(tmp_path: Path) -> None:
+    """A slow rank that came back after its peers gave up saved its state too; their timeout
+    named it, so it is the lost one (every rank saving would otherwise mean no rescue)."""
+    from subnetdp.distributed.launch import WorkerFailedError
+
+    for rank in range(WORLD):
+        _contribute(tmp_path, rank, 4)
+    named = ("Traceback ...\nsubnetdp.distributed.timeouts.CollectiveTimeoutError: rank(s) [0] "
+             "stopped answering: rank 1 waited 5 s in a collective")
+    e = WorkerFailedError("...", {1: (1, named), 0: (1, "RuntimeError: Connection closed")})
+    assert e.silent == [0]
+    cfg = dataclasses.replace(_cfg(tmp_path), nproc=WORLD, min_nproc=2)
+    smaller, line = rescued_config(cfg, e.silent)
+    assert smaller is not None and smaller.nproc == 2, line
+    assert "rank(s) [0] of 3 lost; rescued step 4" in line
+
+
 def test_held_pieces_leave_out_refreshed_copies() -> None:
     """``shard(owned_only=False)``, a survivor's contribution: the pieces of units it trains
     and the shared ones, never its copy of a unit it does not hold (backward masking keeps

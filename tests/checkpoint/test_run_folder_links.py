@@ -126,6 +126,29 @@ def test_a_rescue_folder_planted_as_a_link_receives_nothing(tmp_path: Path) -> N
     assert list(elsewhere.iterdir()) == []
 
 
+def test_a_linked_rescue_is_never_composed(tmp_path: Path) -> None:
+    """Issue 44 (1d): the launcher reads no contributions through ``RUN/rescue`` planted as a
+    link (they could be anyone's), and its fallback line names the link, not "no survivor
+    saved its state"."""
+    import torch
+
+    from subnetdp.checkpoint.rescue import (
+        RescueUnavailableError,
+        compose_rescue,
+        write_contribution,
+    )
+
+    run, elsewhere = tmp_path / "R", tmp_path / "elsewhere"
+    run.mkdir()
+    write_contribution(elsewhere / "attempt_0", rank=0, world=2, step=3,
+                       tensors={"model/w": torch.ones(2)}, owned=["w"], manifest={})
+    (run / "rescue").symlink_to(elsewhere)
+    with pytest.raises(RescueUnavailableError) as e:
+        compose_rescue(run)
+    assert str(e.value) == f"{run / 'rescue'} is a symbolic link (to {elsewhere})"
+    assert not (run / "checkpoints").exists()
+
+
 # -- each kind of write, planted after the check (mid-run) ------------------------------------
 @pytest.fixture
 def sentinel(tmp_path: Path) -> Path:

@@ -26,10 +26,42 @@ def _step_one(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_parse() -> None:
     assert faults.parse("") is None and faults.parse("  ") is None
     assert faults.parse("2:7:reduce:kill") == faults.Fault(2, 7, "reduce", "kill")
+    assert faults.parse("1:3:backward:slow") == faults.Fault(1, 3, "backward", "slow",
+                                                             faults.SLOW_S)
+    assert faults.parse("1:3:backward:slow=2.5").seconds == 2.5  # type: ignore[union-attr]
+    assert faults.parse("1:3:forward:node") == faults.Fault(1, 3, "forward", "node")
     for bad in ("2:7:reduce", "x:7:reduce:kill", "2:0:reduce:kill", "2:7:update:kill",
-                "2:7:reduce:explode", "-1:7:forward:raise"):
+                "2:7:reduce:explode", "-1:7:forward:raise", "1:3:forward:slow=x",
+                "1:3:forward:slow=0", "1:3:forward:slow=inf", "1:3:forward:kill=2"):
         with pytest.raises(ValueError, match="is not RANK:STEP:PHASE:KIND"):
             faults.parse(bad)
+
+
+def test_a_straggler_fires_from_its_step_on_and_a_node_on_all_its_ranks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    slow = faults.Fault(1, 3, "backward", "slow", 1.0)
+    assert [slow.fires("backward", s, 1, 0) for s in (2, 3, 4)] == [False, True, True]
+    assert not slow.fires("backward", 4, 0, 0) and not slow.fires("forward", 4, 1, 0)
+    node = faults.Fault(1, 3, "forward", "node")
+    assert [node.fires("forward", 3, r, r // 2) for r in range(4)] == [False, False, True, True]
+    # a rank's node: torchrun's GROUP_RANK; else SUBNETDP_FAULT_NODES's contiguous blocks
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.delenv("GROUP_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("GROUP_RANK", raising=False)
+    assert faults._node() == 0
+    monkeypatch.setenv(faults.NODES_ENV, "2")
+    assert faults._node() == 1
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "4")
+    monkeypatch.setenv("GROUP_RANK", "3")
+    assert faults._node() == 3
+    slept: list[float] = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    monkeypatch.setenv(faults.ENV, "2:1:forward:slow=0.25")
+    faults.point("forward")
+    faults.at_step(2)
+    faults.point("forward")
+    assert slept == [0.25, 0.25] and faults.reached("forward") is not None
 
 
 def test_check_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,6 +70,17 @@ def test_check_env(monkeypatch: pytest.MonkeyPatch) -> None:
     faults.check_env(4)
     with pytest.raises(ValueError, match="names rank 3, but the run has 2 workers"):
         faults.check_env(2)
+    monkeypatch.setenv(faults.ENV, "1:2:forward:node")
+    with pytest.raises(ValueError, match=r"names node 1, but the run has 1 node\(s\) \(nodes "
+                                         r"0\.\.0; SUBNETDP_FAULT_NODES emulates more\)"):
+        faults.check_env(4)
+    faults.check_env(4, nodes=2)
+    monkeypatch.setenv(faults.NODES_ENV, "2")
+    faults.check_env(4)
+    monkeypatch.setenv(faults.NODES_ENV, "5")
+    with pytest.raises(ValueError, match="must be a number of nodes from 1 to the run's 4"):
+        faults.check_env(4)
+    monkeypatch.delenv(faults.NODES_ENV)
     monkeypatch.setenv(faults.ENV, "3:2:sideways:raise")
     with pytest.raises(ValueError, match="phases forward, backward"):
         faults.check_env(4)
@@ -173,6 +216,9 @@ def test_check_env_refuses_a_fault_that_never_fires(monkeypatch: pytest.MonkeyPa
                              "(ranks 0..1)"),
     ("1:9:forward:kill", [], "SUBNETDP_FAULT names step 9, but this run trains steps 1..2, so "
                              "it would never fire; name a step in that range"),
+    ("2:1:forward:node", ["--nnodes", "2"], "SUBNETDP_FAULT names node 2, but the run has 2 "
+                                            "node(s) (nodes 0..1; SUBNETDP_FAULT_NODES emulates "
+                                            "more)"),
     ("1:2:commit:kill",
      ["--ckpt-every", "1", "--min-nproc", "1", "--no-rescue", "--coverage", "1"],
      "SUBNETDP_FAULT names phase commit, which this run never reaches at step 2 (only a "

@@ -89,13 +89,29 @@ def test_the_slow_rank_names_itself_when_it_finds_its_peer_gone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 comes back to a group whose rank 0 gave up waiting for it (rank 0's timeout mark
     is in the store): its lost connection is reported as its own silence."""
-    monkeypatch.setattr(timeouts, "_marked_ranks", lambda world: [0])
+    monkeypatch.setattr(timeouts, "_awaited_marks", lambda rank, world: [0])
     with pytest.raises(timeouts.CollectiveTimeoutError, match=r"^rank\(s\) \[1\] stopped "
                        r"answering: rank\(s\) \[0\] waited"), \
             timeouts.naming_silent_ranks(1, 2):
         raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1. GLHF!")
     with pytest.raises(RuntimeError, match="bad shard"), timeouts.naming_silent_ranks(1, 2):
         raise RuntimeError("bad shard")  # not a lost peer: as it is
+
+
+def test_a_waiter_whose_peer_timed_out_leaves_the_naming_to_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """[Note: a waiter's lost connection]: rank 0 of 3 loses its connection to rank 1, which
+    timed out waiting for rank 2 (stuck holding the GIL, say): rank 0 marks itself as waiting,
+    so rank 1's census names rank 2 alone, and raises its own error after that census."""
+    marked: list[int] = []
+    slept: list[float] = []
+    monkeypatch.setattr(timeouts, "_awaited_marks", lambda rank, world: [1])
+    monkeypatch.setattr(timeouts, "_mark", marked.append)
+    monkeypatch.setattr(timeouts.time, "sleep", slept.append)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"), \
+            timeouts.naming_silent_ranks(0, 3):
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1. GLHF!")
+    assert marked == [0] and slept == [timeouts._MARK_WAIT_S]
 
 
 def _fill_then_fail(folder: str) -> None:

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from subnetdp.checkpoint.files import (
     write_manifest,
     write_shard,
 )
-from subnetdp.filemode import check_no_links
+from subnetdp.filemode import LinkedFileError, check_no_links
 
 __all__ = ["RescueUnavailableError", "clear_rescue", "compose_rescue", "rescue_attempt_dir",
            "rescue_root", "rescue_step", "write_contribution"]
@@ -89,10 +90,13 @@ def write_contribution(folder: Path, *, rank: int, world: int, step: int,
     return record
 
 
-def compose_rescue(run_dir: str | os.PathLike[str]) -> tuple[Path, int, list[int]]:
+def compose_rescue(run_dir: str | os.PathLike[str],
+                   silent: Sequence[int] = ()) -> tuple[Path, int, list[int]]:
     """Compose the checkpoint of the newest step every survivor saved; return its folder, its
-    step and the survivors' ranks. ``RescueUnavailableError`` says why not."""
-    folder, step, at, sources, lost = _gather(run_dir)
+    step and the survivors' ranks. ``silent``: ranks their peers named as silent (a slow rank
+    that came back after they gave up: lost, whatever it saved). ``RescueUnavailableError``
+    says why not."""
+    folder, step, at, sources, lost = _gather(run_dir, silent)
     manifest = at[min(at)]["manifest"]
     files = _assign(at, sources, lost, at[min(at)]["world"])
     ckpt = step_dir(checkpoints_root(run_dir), step)
@@ -106,18 +110,23 @@ def rescue_step(run_dir: str | os.PathLike[str]) -> int:
     return _gather(run_dir)[1]
 
 
-def _gather(run_dir: str | os.PathLike[str]) -> tuple[
+def _gather(run_dir: str | os.PathLike[str], silent: Sequence[int] = ()) -> tuple[
         Path, int, dict[int, dict[str, Any]], dict[str, tuple[int, str]], list[int]]:
     """The newest attempt's folder, the newest common step, the survivors' records at it,
     each tensor's source and the lost ranks; ``RescueUnavailableError`` when they make no
-    checkpoint."""
+    checkpoint (a link under ``rescue``: its contents are never read, [Note: no links inside a
+    run folder])."""
+    try:
+        check_no_links(Path(run_dir), ("rescue",))
+    except LinkedFileError as e:
+        raise RescueUnavailableError(str(e).split("; ")[0]) from None
     attempts = sorted(rescue_root(run_dir).glob("attempt_*"),
                       key=lambda p: int(p.name.split("_")[1]))
     records: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> step -> record
     folder = attempts[-1] if attempts else None
     for path in sorted(folder.iterdir()) if folder else []:
         m = _RECORD.match(path.name)
-        if m:
+        if m and int(m[2]) not in silent:
             records.setdefault(int(m[2]), {})[int(m[1])] = json.loads(path.read_text())
     if folder is None or not records:
         raise RescueUnavailableError("no survivor saved its state")

@@ -37,7 +37,7 @@ from subnetdp.distributed.process_group import (
     gloo_loopback,
     under_launcher,
 )
-from subnetdp.distributed.timeouts import lost_peer
+from subnetdp.distributed.timeouts import lost_peer, named_silent
 from subnetdp.filemode import append_text, share
 from subnetdp.torch_compat import launch_grace
 
@@ -77,12 +77,7 @@ class WorkerFailedError(RuntimeError):
     def summary(self) -> str:
         """The causing rank's own error line, e.g. ``rank 1: ValueError: ...``: the first to
         fail among those that did not only lose a peer."""
-        # a rank whose own collective timed out names the silent one: that is the cause,
-        # whatever the silent rank reported when it came back to a group that had gone
-        order = sorted(self.failures, key=lambda r: (
-            "CollectiveTimeoutError" not in self.failures[r][1],
-            lost_peer(self.failures[r][1]), r != self.first))
-        rank = order[0]
+        rank = self._causing_rank()
         code, text = self.failures[rank]
         last = _cause_line(code, text, self.mapped)
         others = f" (and {len(self.failures) - 1} more rank(s))" if len(self.failures) > 1 \
@@ -90,6 +85,31 @@ class WorkerFailedError(RuntimeError):
         where = f"; tracebacks in {self.log}" if self.log else ""
         return (f"rank {rank} failed (exit code {code}): {last or 'no error text'}{others}"
                 f"{where}")
+
+    @property
+    def cause(self) -> str:
+        """What happened, as a clause of another line (the launcher's rescue or shrink): the
+        causing rank and its error, or every rank killed by the same signal and how."""
+        rank = self._causing_rank()
+        code, text = self.failures[rank]
+        line = _cause_line(code, text, self.mapped).split("; ")[0].split(". ")[0]
+        same = [r for r, (c, _) in self.failures.items() if c == code] if code < 0 else [rank]
+        kind, sep, msg = line.partition(": ")
+        if sep and " " not in kind and msg.startswith("rank"):  # the error names its rank
+            return msg
+        return f"rank {rank}: {line}" if len(same) == 1 else f"ranks {same}: {line}"
+
+    @property
+    def silent(self) -> list[int]:
+        """The ranks that their peers' collective timeouts named as silent."""
+        return sorted({r for _, text in self.failures.values() for r in named_silent(text)})
+
+    def _causing_rank(self) -> int:
+        # a rank whose own collective timed out names the silent one: that is the cause,
+        # whatever the silent rank reported when it came back to a group that had gone
+        return min(self.failures, key=lambda r: (
+            "CollectiveTimeoutError" not in self.failures[r][1],
+            lost_peer(self.failures[r][1]), r != self.first))
 
 
 class RunInterruptedError(RuntimeError):

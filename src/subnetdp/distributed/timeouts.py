@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -25,7 +26,9 @@ from subnetdp.torch_compat import default_store, set_group_timeouts
 
 __all__ = [
     "CollectiveTimeoutError",
+    "GroupAbortedError",
     "lost_peer",
+    "named_silent",
     "naming_silent_ranks",
     "set_timeout",
     "slow_phase",
@@ -41,6 +44,10 @@ _current_s: float | None = None
 
 class CollectiveTimeoutError(RuntimeError):
     """A collective waited longer than ``--collective-timeout``; the message names the rank."""
+
+
+class GroupAbortedError(RuntimeError):
+    """This rank's process group was aborted under it; the message names the rank."""
 
 
 def slow_timeout(seconds: float) -> float:
@@ -74,6 +81,14 @@ _PEER_ERRORS = ("connection closed by peer", "connection reset by peer", "read e
                 "did the remote server shutdown")
 
 
+_SILENT = re.compile(r"rank\(s\) \[([\d, ]+)\] stopped answering")
+
+
+def named_silent(text: str) -> list[int]:
+    """The ranks a ``CollectiveTimeoutError`` in ``text`` names as silent ([] if none)."""
+    return sorted({int(r) for m in _SILENT.finditer(text) for r in m[1].split(",")})
+
+
 def lost_peer(text: str) -> bool:
     """Whether an error only says that another rank went away (gloo/NCCL wording)."""
     last = text.strip().splitlines()[-1].lower() if text.strip() else ""
@@ -84,16 +99,27 @@ def lost_peer(text: str) -> bool:
 def naming_silent_ranks(rank: int, world: int) -> Iterator[None]:
     """Re-raise a collective timeout inside the block as ``CollectiveTimeoutError``; so too
     the lost connection of a rank that was too slow (a peer's timeout mark is in the store:
-    the peer gave up waiting for this rank, which is the cause, not the peer)."""
+    the peer gave up waiting for this rank, which is the cause, not the peer); and any failure
+    once this rank's process group is gone (aborted under it) as ``GroupAbortedError``."""
+    grouped = dist.is_available() and dist.is_initialized()
     try:
         yield
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         if isinstance(e, CollectiveTimeoutError) or world < 2:
+            raise
+        if grouped and not dist.is_initialized():  # aborted under this rank
+            raise GroupAbortedError(f"rank {rank}'s process group was aborted under it, so "
+                                    "its collectives cannot run") from e
+        if not isinstance(e, RuntimeError):
             raise
         waited = f"{_current_s:g} s" if _current_s is not None else "its timeout"
         if not _is_timeout(e):
-            waiting = _marked_ranks(world) if lost_peer(str(e)) else []
+            waiting = _awaited_marks(rank, world) if lost_peer(str(e)) else []
             if not waiting:
+                raise
+            if len(waiting) < world - 1:  # [Note: a waiter's lost connection]
+                _mark(rank)
+                time.sleep(_MARK_WAIT_S)
                 raise
             raise CollectiveTimeoutError(
                 f"rank(s) [{rank}] stopped answering: rank(s) {waiting} waited {waited} for it "
@@ -116,11 +142,33 @@ def _mark_prefix() -> str:
     return f"subnetdp/timeout/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 
 
-def _marked_ranks(world: int) -> list[int]:
-    """Ranks that timed out in a collective and left their mark (best effort: [])."""
+# [Note: a waiter's lost connection]
+# A peer that times out closes its connections (gloo), so a rank that was waiting in the same
+# collective sees "connection closed by peer", not a timeout; so does a slow rank that comes
+# back after its peers gave up. The slow rank finds every other rank marked (it alone kept
+# them waiting): it is named. A waiter finds a rank neither marked nor coming (the silent
+# one): it marks itself as waiting, so that the census of the ranks that timed out names only
+# the silent rank, and leaves that census's error to reach the launcher first.
+_PEER_WAIT_S = 2.0  # a peer that timed out marks within this
+
+
+def _mark(rank: int) -> None:
+    with contextlib.suppress(RuntimeError, ValueError, dist.DistError):
+        default_store().set(f"{_mark_prefix()}{rank}", "1")
+
+
+def _awaited_marks(rank: int, world: int) -> list[int]:
+    """The other ranks that timed out in a collective (or waited there) and left their mark,
+    once all have or after ``_PEER_WAIT_S`` (best effort: [])."""
+    deadline = time.monotonic() + _PEER_WAIT_S
     try:
         store = default_store()
-        return [r for r in range(world) if store.check([f"{_mark_prefix()}{r}"])]
+        while True:
+            marked = [r for r in range(world)
+                      if r != rank and store.check([f"{_mark_prefix()}{r}"])]
+            if len(marked) == world - 1 or time.monotonic() >= deadline:
+                return marked
+            time.sleep(0.1)
     except (RuntimeError, ValueError, dist.DistError):
         return []
 

@@ -3,9 +3,10 @@
 [Note: elastic shrink]
 Local launches (``--min-nproc N``): torch elastic first restarts the whole group at its size
 (``--max-restarts``); when a worker died by a signal (killed, OOM-killed, its device gone) and
-the restarts are used up, the launcher starts the group again with one worker fewer, down to
-``N``, resuming the newest checkpoint resharded ([Note: resharded resume]); or, when the
-survivors' copies cover the whole model, from the step in flight, with none replayed
+the restarts are used up, the launcher starts the group again without the workers lost (one
+fewer for each), down to ``N``, resuming the newest checkpoint resharded ([Note: resharded
+resume]); or, when the survivors' copies cover the whole model, from the step in flight, with
+none replayed
 ([Note: rescue] in train/rescue.py). Every world it may reach is planned when the run
 starts ([Note: shrinking plans] in plan/shrink.py), and a shrunk group re-plans with the
 ``--min-holders`` that decided. Under
@@ -27,7 +28,7 @@ import dataclasses
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,12 @@ from subnetdp.distributed import faults
 from subnetdp.distributed.launch import WorkerFailedError, launch
 from subnetdp.distributed.nodes import emulate_nodes
 from subnetdp.distributed.process_group import under_launcher
+from subnetdp.distributed.timeouts import (
+    CollectiveTimeoutError,
+    GroupAbortedError,
+    lost_peer,
+    named_silent,
+)
 from subnetdp.metrics.sinks import rank_jsonl_path
 from subnetdp.plan import Plan
 from subnetdp.plan.nodes import node_of
@@ -100,21 +107,25 @@ def launch_shrinking(fn: Callable[..., Any], cfg: TrainConfig, *, run_id: str,
                               start_method=start_method, **launch_kw)
             except WorkerFailedError as e:
                 os.environ[faults.ENV] = ""  # an injected fault fires once per run
-                smaller, why = rescued_config(cfg)
+                smaller, why = rescued_config(cfg, e.silent)
                 if smaller is not None:
                     cfg, plan = replanned(smaller, holders or {})
-                    print(f"subnetdp train: {why}{_fewer(cfg, smaller)}", file=sys.stderr)
+                    print(f"subnetdp train: {e.cause}; {why}{_fewer(cfg, smaller)}",
+                          file=sys.stderr)
                     continue
                 smaller = shrunk_config(cfg, e.failures)
                 if smaller is None:
+                    if why and newest_checkpoint(checkpoints_root(cfg.out)) is None:
+                        print(f"subnetdp train: {e.cause}; no rescue: {why}; and no "
+                              "checkpoint yet to fall back to", file=sys.stderr)
                     raise
                 if why:
                     print(f"subnetdp train: no rescue: {why}; falling back to the newest "
                           "checkpoint", file=sys.stderr)
                 went, plan = replanned(smaller, holders or {})
-                print(f"subnetdp train: {_lost(e.failures)} of {cfg.nproc} workers lost for "
-                      f"good; going on with {smaller.nproc} from {smaller.resume} (resharded; "
-                      f"the steps after it are replayed){_fewer(went, smaller)}",
+                print(f"subnetdp train: {e.cause}; {_lost(e.failures)} of {cfg.nproc} workers "
+                      f"lost for good; going on with {smaller.nproc} from {smaller.resume} "
+                      f"(resharded; the steps after it are replayed){_fewer(went, smaller)}",
                       file=sys.stderr)
                 cfg = went
     finally:
@@ -140,16 +151,18 @@ def _fewer(went: TrainConfig, asked: TrainConfig) -> str:
             f"and at --min-nproc {went.nproc} no loss is rescued)")
 
 
-def rescued_config(cfg: TrainConfig) -> tuple[TrainConfig | None, str]:
+def rescued_config(cfg: TrainConfig, silent: Sequence[int] = ()) -> tuple[TrainConfig | None,
+                                                                          str]:
     """The next attempt's configuration from the survivors' copies ([Note: rescue]) and the
-    line that says so; or None and why not ("" when the run does not use rescue)."""
+    line that says so; or None and why not ("" when the run does not use rescue). ``silent``:
+    ranks their peers' timeouts named (lost, whatever they saved)."""
     if cfg.min_nproc is None:
         return None, ""
     blocker = rescue_blocker(cfg)
     if blocker is not None:
         return None, blocker if cfg.rescue else ""
     try:
-        ckpt, step, survivors = compose_rescue(cfg.out)
+        ckpt, step, survivors = compose_rescue(cfg.out, silent)
     except RescueUnavailableError as e:
         return None, str(e)
     if len(survivors) < cfg.min_nproc:
@@ -169,19 +182,21 @@ def rescued_config(cfg: TrainConfig) -> tuple[TrainConfig | None, str]:
 
 
 def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> TrainConfig | None:
-    """The next attempt's configuration after ``failures``, or None if the run cannot shrink
-    (no ``--min-nproc``, at the minimum, no checkpoint yet, or a failure that is a Python
-    exception: that would only fail again on fewer workers)."""
-    if cfg.min_nproc is None or cfg.nproc - 1 < cfg.min_nproc or not _lost(failures):
+    """The next attempt's configuration after ``failures``: the workers that were not lost
+    (a lost node takes several), or None if the run cannot shrink (no ``--min-nproc``, fewer
+    left than it, no checkpoint yet, or a failure that is a Python exception: that would only
+    fail again on fewer workers)."""
+    lost = _lost(failures)
+    if cfg.min_nproc is None or cfg.nproc - lost < cfg.min_nproc or not lost:
         return None
-    if any(code >= 0 for code, _ in failures.values()):
+    if any(_own_error(code, text) for code, text in failures.values()):
         return None
     newest = newest_checkpoint(checkpoints_root(cfg.out))
     if newest is None:
         return None
     step = int(read_manifest(newest, config_keys=config_keys())["step"])
-    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - 1, resume=str(newest), reshard=True,
-                                  nnodes=min(cfg.nnodes, cfg.nproc - 1))
+    smaller = dataclasses.replace(cfg, nproc=cfg.nproc - lost, resume=str(newest), reshard=True,
+                                  nnodes=min(cfg.nnodes, cfg.nproc - lost))
     for rank in range(smaller.nproc, cfg.nproc):  # the lost ranks' lines after the checkpoint
         path = rank_jsonl_path(Path(cfg.out), rank)
         truncate_metrics(path, step)
@@ -189,5 +204,15 @@ def shrunk_config(cfg: TrainConfig, failures: dict[int, tuple[int, str]]) -> Tra
 
 
 def _lost(failures: dict[int, tuple[int, str]]) -> int:
-    """Workers that died by a signal other than the agent's own SIGTERM to the survivors."""
-    return sum(1 for code, _ in failures.values() if code < 0 and -code != signal.SIGTERM)
+    """Workers lost: dead by a signal other than the agent's own SIGTERM to the survivors,
+    named silent by a peer's timeout, or with their process group aborted under them."""
+    lost = {r for r, (code, text) in failures.items()
+            if (code < 0 and -code != signal.SIGTERM) or GroupAbortedError.__name__ in text}
+    return len(lost | {r for _, text in failures.values() for r in named_silent(text)})
+
+
+def _own_error(code: int, text: str) -> bool:
+    """A rank's own Python exception (it would fail again on fewer workers), not a lost peer,
+    a timeout or an aborted group."""
+    return code >= 0 and not lost_peer(text) and not any(
+        e.__name__ in text for e in (CollectiveTimeoutError, GroupAbortedError))

@@ -124,10 +124,11 @@ def save_rescue(commit: StepCommit, ckpt: Checkpointer, opt: torch.optim.Optimiz
     try:
         yield
     except BaseException as e:
-        # the run's own agreed stop, Ctrl-C, an injected crash of this rank and a growth
-        # ([Note: growing a run], train/grow.py) save nothing
-        if commit.enabled and not isinstance(e, RunStoppedError | KeyboardInterrupt
-                                             | faults.InjectedFault | GrowAt):
+        # the run's own agreed stop, Ctrl-C, an injected crash of this rank, a growth
+        # ([Note: growing a run], train/grow.py) and a rank whose process group was aborted
+        # under it (the lost one: its peers saw it go) save nothing
+        if commit.enabled and dist.is_initialized() and not isinstance(
+                e, RunStoppedError | KeyboardInterrupt | faults.InjectedFault | GrowAt):
             _save(commit, ckpt, opt, sched, out)
         raise
 

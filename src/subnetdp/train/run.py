@@ -133,7 +133,7 @@ def _preflight(
     holders = shrink_holders(cfg, make)
     check_growth(cfg, make)  # --max-nproc: the grown world's plan (train/grow.py)
     # a testing hook ([Note: rescue]), ignored unless set: refused if it could never fire
-    faults.check_env(cfg.nproc, first=_first_step(cfg), last=cfg.steps,
+    faults.check_env(cfg.nproc, nodes=cfg.nnodes, first=_first_step(cfg), last=cfg.steps,
                      unreached=functools.partial(unreached_phase, cfg))
     return plan, holders, mapped
 

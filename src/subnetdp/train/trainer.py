@@ -21,6 +21,7 @@ from subnetdp.checkpoint.reshard import HeldCheckpoint
 from subnetdp.distributed import faults
 from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
 from subnetdp.distributed.signals import GracefulStop
+from subnetdp.distributed.stragglers import StragglerWatch
 from subnetdp.distributed.timeouts import naming_silent_ranks, set_timeout, slow_phase, slow_timeout
 from subnetdp.hf.tokenizer import save_run_tokenizer
 from subnetdp.metrics.comm import comm_record, comm_summary
@@ -229,6 +230,7 @@ class _RunState:
     loop_start: float
     commit: StepCommit
     outer: LocalSteps | None  # --sync-every H > 1
+    watch: StragglerWatch  # [Note: stragglers]
     window: _Window = field(default_factory=_Window)
     times: list[float] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
@@ -301,9 +303,10 @@ def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None,
     loop_start = time.perf_counter()
     # a lost peer: save what this rank holds for the launcher to compose ([Note: rescue])
     commit = StepCommit(rescue_enabled(cfg), applied=start, device=device)
+    watch = StragglerWatch(rank, world, device, start=start, enabled=not cfg.fsdp)
     return _RunState(cfg, rank, world, out, device, recipe, task, overrides, plan, model, opt,
                      sched, ckpt, start, stop, batches, losses, progress, comm, peak, flops,
-                     val_sink, tracker, loop_start, commit, outer)
+                     val_sink, tracker, loop_start, commit, outer, watch)
 
 
 def _loop(run: _RunState) -> None:
@@ -346,6 +349,7 @@ def _step(run: _RunState, done: int, sink: JsonlSink) -> None:
         loss, norm = train_step(model, opt, sched, run.task, batch, cfg.grad_clip or 0.0,
                                 run.commit, run.outer)
     dt = time.perf_counter() - t0
+    run.watch.step_done(done)
     # A segment too short for a warm-up (a resume near the end) times every step.
     warm = done - run.start > WARMUP_STEPS or cfg.steps - run.start <= WARMUP_STEPS
     if warm and done != cfg.memory_step:
@@ -367,6 +371,8 @@ def _step(run: _RunState, done: int, sink: JsonlSink) -> None:
     # the first step too, so that a progress line shows at once (one more host sync)
     if due or growing or done % cfg.log_every == 0 or done in (cfg.steps, run.start + 1):
         run.losses += run.window.flush(sink, run.out, run.tracker, state_finite(model, opt))
+        if slow := run.watch.exchange(done):
+            print(slow, flush=True)
         run.progress.update(done, loss=run.losses[-1], tps=tps * run.world, lr=float(lr))
     if due:
         faults.point("checkpoint")
