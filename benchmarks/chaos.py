@@ -103,6 +103,31 @@ def _gap_s(out: Path, cut: int) -> float | None:
     return round(min(after) - max(before), 1)
 
 
+def _state(ckpt: Path) -> dict[str, bytes] | None:
+    """A checkpoint's tensors by name, whichever rank's file holds them (the lost rank's file a
+    composed piece lands in is layout, not state); None when two files disagree on one."""
+    state: dict[str, bytes] = {}
+    for (_, key), value in _tensors(ckpt).items():
+        if state.setdefault(key, value) != value:
+            return None
+    return state
+
+
+def _mixed(out: Path, ref: Path, ckpt: str) -> bool:
+    """Whether the rescued checkpoint differs from the reference's at the same step."""
+    mine = _state(out / "checkpoints" / ckpt)
+    return mine is None or mine != _state(ref / "checkpoints" / ckpt)
+
+
+def _recheck(work: Path, rows: list[dict]) -> None:
+    """``--recheck``: judge the rescued rows again from their run folders (kept in ``work``)."""
+    for r in rows:
+        if r["outcome"] == "rescued":
+            ckpt = f"step_{r['rescued_step']:08d}"
+            ref = work / f"reference-{r['strategy'].split()[0]}"
+            r["mixed_state"] = _mixed(work / f"fault-{r['fault']:03d}", ref, ckpt)
+
+
 def _fault(work: Path, i: int, d: dict) -> dict:
     name = d["strategy"].split()[0]
     ref, _ = _reference(work, name)
@@ -117,9 +142,8 @@ def _fault(work: Path, i: int, d: dict) -> dict:
     if m:
         cut = int(m[1])
         ckpt = f"step_{cut:08d}"
-        same = _tensors(out / "checkpoints" / ckpt) == _tensors(ref / "checkpoints" / ckpt)
         row.update(outcome="rescued", rescued_step=cut, steps_lost=max(0, d["step"] - 1 - cut),
-                   mixed_state=not same, gap_s=_gap_s(out, cut))
+                   mixed_state=_mixed(out, ref, ckpt), gap_s=_gap_s(out, cut))
     elif w:
         start = int(w[1])
         why = f[1] if f else "the run does not rescue (--zero/--fsdp or single holders)"
@@ -148,14 +172,17 @@ def _tables(rows: list[dict]) -> str:
         "rank (or node) drawn at random. Nodes: two emulated nodes of two ranks, for the "
         "injector only (`SUBNETDP_FAULT_NODES=2`: the built-in launcher does not yet tell "
         "workers their node, so the plan does not spread holders over them). Each rescued "
-        "checkpoint is compared, tensor for tensor, with an uninterrupted run's of the same "
-        "step. Gap: seconds from the last step committed before the fault to the first after "
-        "it (detection, the stop, composing, the new group's start and one step), on a "
-        "shared, loaded 2-core CPU machine. 'stopped': a run that cannot rescue (`--zero`, "
-        "`--fsdp`) lost a rank before its first checkpoint (step 4); from fault 27 on the "
-        "launcher's line says so (before, the table shows the failure's summary line). "
-        "'no failure seen': a straggler that the watch does not time (under `--fsdp`, or "
-        "slowed before a backward-masking refresh, which its peers wait in).", "",
+        "checkpoint is compared, tensor for tensor by name, with an uninterrupted run's of "
+        "the same step (a name two files disagree on counts as mixed; which rank's file holds "
+        "a piece is layout: `--recheck` judged all rows this way, after fault 81, nb-sdp "
+        "losing node 0, was flagged by a file-by-file comparison: 14 pieces in the other lost "
+        "rank's file, every tensor equal). Gap: seconds from the last step committed before "
+        "the fault to the first after it (detection, the stop, composing, the new group's "
+        "start and one step), on a shared, loaded 2-core CPU machine. 'stopped': a run that "
+        "cannot rescue (`--zero`, `--fsdp`) lost a rank before its first checkpoint (step 4); "
+        "from fault 27 on the launcher's line says so (before, the table shows the failure's "
+        "summary line). 'no failure seen': a straggler that the watch does not time (under "
+        "`--fsdp`, or slowed before a backward-masking refresh, which its peers wait in).", "",
         "Kinds: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) + ". Outcomes: "
         + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items())) + ".", "",
         f"Rescued {len(rescued)}: steps lost {sum(r['steps_lost'] for r in rescued)}, mixed "
@@ -179,10 +206,17 @@ def main() -> None:
     p.add_argument("--work", default="runs/chaos")
     p.add_argument("--state", default="benchmarks/results/chaos.jsonl")
     p.add_argument("--table", default="benchmarks/results/chaos.md")
+    p.add_argument("--recheck", action="store_true",
+                   help="judge the finished rescues again from the run folders, then stop")
     args = p.parse_args()
     work, state = Path(args.work), Path(args.state)
     work.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(x) for x in state.read_text().splitlines()] if state.exists() else []
+    if args.recheck:
+        _recheck(work, rows)
+        state.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        Path(args.table).write_text(_tables(rows))
+        return
     rng = random.Random(args.seed)
     draws = [_draw(rng) for _ in range(args.faults)]
     for i, d in enumerate(draws):
