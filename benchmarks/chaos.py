@@ -45,6 +45,11 @@ RESCUED = re.compile(r"rescued step (\d+) ")
 FELL_BACK = re.compile(r"no rescue: (.*); falling back")
 WENT_ON = re.compile(r"going on with \d+ from \S*step_(\d+)")
 STRAGGLER = re.compile(r"straggler: rank (\d+) took")
+# --nodes: the launcher's two emulated nodes (plans spread each unit's holders over both) and
+# --max-nproc 4, so the lost workers restart and rejoin; the kinds that lose a node or a rank
+NODE_RUN = ("--nnodes", "2")
+NODE_KINDS = {"node": 2, "kill": 1, "segv": 1}
+NODE_STRATEGIES = ("b-sdp", "n-sdp", "bb-sdp", "nb-sdp")
 
 
 def _phases(strategy: str, kind: str) -> list[str]:
@@ -73,14 +78,24 @@ def _draw(rng: random.Random) -> dict:
     return {"strategy": strategy, "kind": kind, "phase": phase, "step": step, "where": where}
 
 
-def _run(out: Path, strategy: str, fault: str, nodes: bool) -> tuple[int, str, float]:
+def _draw_node(rng: random.Random) -> dict:
+    """A fault of the ``--nodes`` campaign: no checkpoint phase (its collectives' timeout is
+    the long one), a step after the first."""
+    kind = rng.choices(list(NODE_KINDS), weights=list(NODE_KINDS.values()))[0]
+    return {"strategy": rng.choice(NODE_STRATEGIES), "kind": kind,
+            "phase": rng.choice(PHASES[:-1]), "step": rng.randrange(2, STEPS),
+            "where": rng.randrange(2) if kind == "node" else rng.randrange(WORLD)}
+
+
+def _run(out: Path, strategy: str, fault: str, nodes: bool,
+         launch: tuple[str, ...] = ()) -> tuple[int, str, float]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1",
            "SUBNETDP_FAULT": fault}
     env.pop("SUBNETDP_FAULT_NODES", None)
-    if nodes:
+    if nodes and not launch:  # the launcher's nodes (--nodes) need no override
         env["SUBNETDP_FAULT_NODES"] = "2"
     name = strategy.split()[0]
-    args = [*TINY, "--strategy", name, *STRATEGIES[strategy], "--nproc", str(WORLD),
+    args = [*TINY, "--strategy", name, *STRATEGIES[strategy], "--nproc", str(WORLD), *launch,
             "--min-nproc", "2", "--ckpt-every", str(CKPT_EVERY), "--log-every", "1",
             "--collective-timeout", str(TIMEOUT_S), "--out", str(out), "--overwrite"]
     t0 = time.perf_counter()
@@ -128,12 +143,19 @@ def _recheck(work: Path, rows: list[dict]) -> None:
             r["mixed_state"] = _mixed(work / f"fault-{r['fault']:03d}", ref, ckpt)
 
 
-def _fault(work: Path, i: int, d: dict) -> dict:
+def _rejoined(out: Path) -> bool:
+    """Whether the lost workers came back: the run ended on all its workers."""
+    last = out / "checkpoints" / f"step_{STEPS:08d}" / "manifest.json"
+    return last.exists() and json.loads(last.read_text())["world"] == WORLD
+
+
+def _fault(work: Path, i: int, d: dict, nodes: bool = False) -> dict:
     name = d["strategy"].split()[0]
-    ref, _ = _reference(work, name)
+    ref, _ = _reference(work, name, NODE_RUN if nodes else ())
     out = work / f"fault-{i:03d}"
     spec = f"{d['where']}:{d['step']}:{d['phase']}:{d['kind']}"
-    code, err, wall = _run(out, d["strategy"], spec, d["kind"] == "node")
+    launch = (*NODE_RUN, "--max-nproc", str(WORLD)) if nodes else ()
+    code, err, wall = _run(out, d["strategy"], spec, d["kind"] == "node", launch)
     row = {"fault": i, **d, "spec": spec, "exit": code, "wall_s": round(wall, 1),
            "rescued_step": None, "fallback": None, "steps_lost": None, "mixed_state": None,
            "gap_s": None, "line": next((ln for ln in err.splitlines()
@@ -144,6 +166,8 @@ def _fault(work: Path, i: int, d: dict) -> dict:
         ckpt = f"step_{cut:08d}"
         row.update(outcome="rescued", rescued_step=cut, steps_lost=max(0, d["step"] - 1 - cut),
                    mixed_state=_mixed(out, ref, ckpt), gap_s=_gap_s(out, cut))
+        if nodes:
+            row["rejoined"] = _rejoined(out)
     elif w:
         start = int(w[1])
         why = f[1] if f else "the run does not rescue (--zero/--fsdp or single holders)"
@@ -199,6 +223,34 @@ def _tables(rows: list[dict]) -> str:
     return "\n".join([*lines, ""])
 
 
+def _node_table(rows: list[dict]) -> str:
+    """``--nodes``: the launcher's nodes, spread plans and rejoins."""
+    rescued = [r for r in rows if r["outcome"] == "rescued"]
+    lines = [
+        "# Chaos campaign on emulated nodes, with rejoins (benchmarks/chaos.py --nodes)", "",
+        f"{len(rows)} faults, one per run, as in chaos.md but launched with `--nnodes 2 "
+        f"--max-nproc {WORLD}`: the launcher tells each worker its node (two of two ranks), "
+        "the plan spreads each unit's holders over both, and the workers lost are restarted "
+        "and rejoin the running group at a step boundary. Kinds node (both ranks of one node), "
+        "kill and segv; SDP strategies (`--zero`/`--fsdp` do not rescue). Rescued checkpoints "
+        "compared tensor for tensor by name with an uninterrupted `--nnodes 2` run's; "
+        "rejoined: the run ended on all 4 workers (its last checkpoint's world).", "",
+        f"Rescued {len(rescued)} of {len(rows)}: steps lost "
+        f"{sum(r['steps_lost'] for r in rescued)}, mixed states "
+        f"{sum(bool(r['mixed_state']) for r in rescued)}, rejoined "
+        f"{sum(bool(r.get('rejoined')) for r in rescued)}.", "",
+        "| fault | kind | strategy | phase | step | rank/node | outcome | rescued step | "
+        "steps lost | mixed state | rejoined | gap s | the line |", "|---" * 13 + "|"]
+    for r in rows:
+        where = f"node {r['where']}" if r["kind"] == "node" else f"rank {r['where']}"
+        why = (r["fallback"] or r["line"] or "-").replace("|", "/")
+        lines.append(f"| {r['fault']} | {r['kind']} | {r['strategy']} | {r['phase']} | "
+                     f"{r['step']} | {where} | {r['outcome']} | {r['rescued_step']} | "
+                     f"{r['steps_lost']} | {r['mixed_state']} | {r.get('rejoined')} | "
+                     f"{r['gap_s']} | {why} |")
+    return "\n".join([*lines, ""])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--faults", type=int, default=100)
@@ -208,7 +260,16 @@ def main() -> None:
     p.add_argument("--table", default="benchmarks/results/chaos.md")
     p.add_argument("--recheck", action="store_true",
                    help="judge the finished rescues again from the run folders, then stop")
+    p.add_argument("--nodes", action="store_true",
+                   help="the launcher's emulated nodes with rejoins (--nnodes 2 --max-nproc 4); "
+                        "default --work runs/chaos-nodes, results chaos_nodes.*")
     args = p.parse_args()
+    if args.nodes:
+        for key, path in (("work", "runs/chaos-nodes"),
+                          ("state", "benchmarks/results/chaos_nodes.jsonl"),
+                          ("table", "benchmarks/results/chaos_nodes.md")):
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, path)
     work, state = Path(args.work), Path(args.state)
     work.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(x) for x in state.read_text().splitlines()] if state.exists() else []
@@ -218,14 +279,15 @@ def main() -> None:
         Path(args.table).write_text(_tables(rows))
         return
     rng = random.Random(args.seed)
-    draws = [_draw(rng) for _ in range(args.faults)]
+    draws = [(_draw_node if args.nodes else _draw)(rng) for _ in range(args.faults)]
+    table = _node_table if args.nodes else _tables
     for i, d in enumerate(draws):
         if i < len(rows):
             continue
-        rows.append(_fault(work, i, d))
+        rows.append(_fault(work, i, d, nodes=args.nodes))
         with state.open("a") as f:
             f.write(json.dumps(rows[-1]) + "\n")
-        Path(args.table).write_text(_tables(rows))
+        Path(args.table).write_text(table(rows))
         print(json.dumps(rows[-1]), flush=True)
 
 

@@ -60,12 +60,14 @@ def _tensors(ckpt: Path) -> dict[tuple[str, str], bytes]:
     return out
 
 
-def _reference(work: Path, strategy: str) -> tuple[Path, float]:
+def _reference(work: Path, strategy: str, extra: tuple[str, ...] = ()) -> tuple[Path, float]:
+    """The uninterrupted run of ``strategy`` (plus ``extra`` options), a checkpoint per step."""
     ref = work / f"reference-{strategy}"
     stamp = ref / "wall.txt"
     if not stamp.exists():
         wall, _ = _train([*TINY, "--strategy", strategy, "--nproc", str(WORLD), "--ckpt-every",
-                          "1", "--ckpt-keep", str(STEPS), "--out", str(ref), "--overwrite"])
+                          "1", "--ckpt-keep", str(STEPS), *extra, "--out", str(ref),
+                          "--overwrite"])
         stamp.write_text(f"{wall}\n")
     return ref, float(stamp.read_text())
 
