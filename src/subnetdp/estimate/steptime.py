@@ -187,7 +187,8 @@ def _fsdp_modules(spec: BenchSpec, plan: Plan | None) -> dict[tuple[int, ...], i
     world = tuple(range(spec.world))
     out: dict[tuple[int, ...], int] = defaultdict(int)
     out[world] = 1
-    if spec.is_sdp and spec.strategy_value.splits_layers and not spec.uses_ac:
+    s = spec.strategy_value
+    if spec.is_sdp and s.splits_layers and not s.backward_masked and not spec.uses_ac:
         blocks = [name + "." for name, _ in unit_modules(meta, recipe.adapter)]
         cases = {(next((b for b in blocks if plan.units[u].name.startswith(b)), None),
                    plan.holders(u)) for u in range(plan.num_units)}

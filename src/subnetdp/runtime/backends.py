@@ -244,8 +244,10 @@ class FSDPBackend:
         stored = local_tensor(next(module.parameters())).dtype
         self._wire = ((param_dtype or stored).itemsize, (reduce_dtype or stored).itemsize)
         policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-        grouped = (block_parts(module, adapter, shardable) if strategy.splits_layers
-                   else [])  # [Note: one FSDP module per block and holder group]
+        # [Note: one FSDP module per block and holder group]; not under backward masking,
+        # whose per-part modules the AC layout shares, so AC changes no bit of its result
+        grouped = (block_parts(module, adapter, shardable)
+                   if strategy.splits_layers and not strategy.backward_masked else [])
         in_groups = {id(m) for _, parts in grouped for _, m in parts}
         self.sharded, self.traffic = shard_block_groups(
             grouped, plan, groups, device_type=device.type, mp_policy=policy, gloo=gloo)

@@ -81,8 +81,9 @@ def train_step(
         loss.backward()
     # the full model's norm, the same on every holder (SDP: each piece counted by its owner);
     # with local steps, this rank's own
-    clip = rank.clip_grad_norm_ if outer is None else outer.clip
-    norm = clip(grad_clip) if grad_clip > 0 else None
+    norm = None
+    if grad_clip > 0:
+        norm = (rank.clip_grad_norm_ if outer is None else outer.clip)(grad_clip)
     if commit is not None:
         commit.reduced()
     faults.point("optimizer")
