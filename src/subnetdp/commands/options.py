@@ -10,6 +10,7 @@ Kept torch-free: ``plan`` imports it and must not load torch (``strategy`` is to
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import types
@@ -136,9 +137,15 @@ def flag_arguments(name: str, command: str) -> dict[str, Any]:
     return kw
 
 
+@functools.cache
+def _hints() -> dict[str, Any]:
+    """``TrainOptions``' annotations, evaluated once (each evaluation compiles every one)."""
+    return typing.get_type_hints(TrainOptions)
+
+
 def _kind(name: str) -> Any:
     """The option's value type: its annotation without ``| None``."""
-    hint = typing.get_type_hints(TrainOptions)[name]
+    hint = _hints()[name]
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return typing.get_origin(hint) or hint
