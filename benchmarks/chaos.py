@@ -211,16 +211,24 @@ def _tables(rows: list[dict]) -> str:
         + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items())) + ".", "",
         f"Rescued {len(rescued)}: steps lost {sum(r['steps_lost'] for r in rescued)}, mixed "
         f"states {sum(bool(r['mixed_state']) for r in rescued)}. Median gap "
-        f"{gaps[len(gaps) // 2] if gaps else '-'} s.", "",
-        "| fault | kind | strategy | phase | step | rank/node | outcome | rescued step | "
-        "steps lost | mixed state | gap s | why / the line |", "|---" * 12 + "|"]
+        f"{gaps[len(gaps) // 2] if gaps else '-'} s.", ""]
+    return "\n".join([*lines, *_fault_rows(rows, rejoined=False), ""])
+
+
+def _fault_rows(rows: list[dict], *, rejoined: bool) -> list[str]:
+    """The per-fault table (``rejoined``: with the column of the ``--nodes`` campaign)."""
+    extra = ["rejoined"] if rejoined else []
+    head = ["fault", "kind", "strategy", "phase", "step", "rank/node", "outcome",
+            "rescued step", "steps lost", "mixed state", *extra, "gap s", "why / the line"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
         where = f"node {r['where']}" if r["kind"] == "node" else f"rank {r['where']}"
         why = (r["fallback"] or r["line"] or "-").replace("|", "/")
-        lines.append(f"| {r['fault']} | {r['kind']} | {r['strategy']} | {r['phase']} | "
-                     f"{r['step']} | {where} | {r['outcome']} | {r['rescued_step']} | "
-                     f"{r['steps_lost']} | {r['mixed_state']} | {r['gap_s']} | {why} |")
-    return "\n".join([*lines, ""])
+        cells = [r["fault"], r["kind"], r["strategy"], r["phase"], r["step"], where,
+                 r["outcome"], r["rescued_step"], r["steps_lost"], r["mixed_state"],
+                 *([r.get("rejoined")] if rejoined else []), r["gap_s"], why]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
 
 
 def _node_table(rows: list[dict]) -> str:
@@ -238,17 +246,8 @@ def _node_table(rows: list[dict]) -> str:
         f"Rescued {len(rescued)} of {len(rows)}: steps lost "
         f"{sum(r['steps_lost'] for r in rescued)}, mixed states "
         f"{sum(bool(r['mixed_state']) for r in rescued)}, rejoined "
-        f"{sum(bool(r.get('rejoined')) for r in rescued)}.", "",
-        "| fault | kind | strategy | phase | step | rank/node | outcome | rescued step | "
-        "steps lost | mixed state | rejoined | gap s | the line |", "|---" * 13 + "|"]
-    for r in rows:
-        where = f"node {r['where']}" if r["kind"] == "node" else f"rank {r['where']}"
-        why = (r["fallback"] or r["line"] or "-").replace("|", "/")
-        lines.append(f"| {r['fault']} | {r['kind']} | {r['strategy']} | {r['phase']} | "
-                     f"{r['step']} | {where} | {r['outcome']} | {r['rescued_step']} | "
-                     f"{r['steps_lost']} | {r['mixed_state']} | {r.get('rejoined')} | "
-                     f"{r['gap_s']} | {why} |")
-    return "\n".join([*lines, ""])
+        f"{sum(bool(r.get('rejoined')) for r in rescued)}.", ""]
+    return "\n".join([*lines, *_fault_rows(rows, rejoined=True), ""])
 
 
 def main() -> None:
