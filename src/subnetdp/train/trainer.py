@@ -368,7 +368,9 @@ def _step(run: _RunState, done: int, sink: JsonlSink) -> None:
         "comm/bytes_per_step": run.step_bytes[-1],
         "comm/refresh_bytes_per_step": run.refresh_bytes[-1]})
     due = run.ckpt.due(done)
-    growing = run.grow is not None and run.grow.due(done)  # collective: joiners wait
+    # collective and a host sync: asked on log steps only, which read the losses anyway
+    growing = (run.grow is not None and done % cfg.log_every == 0
+               and run.grow.due(done))  # joiners wait
     # the first step too, so that a progress line shows at once (one more host sync)
     if due or growing or done % cfg.log_every == 0 or done in (cfg.steps, run.start + 1):
         run.losses += run.window.flush(sink, run.out, run.tracker, state_finite(model, opt))
