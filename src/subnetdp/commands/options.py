@@ -10,7 +10,6 @@ Kept torch-free: ``plan`` imports it and must not load torch (``strategy`` is to
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import types
@@ -23,11 +22,11 @@ from subnetdp.train.options import (
     DEVICES,
     SECTIONS,
     Opt,
-    TrainOptions,
     declared,
     default,
     flag,
     opt,
+    option_types,
 )
 
 # argparse's common base of parsers, argument groups and mutually exclusive groups
@@ -137,15 +136,9 @@ def flag_arguments(name: str, command: str) -> dict[str, Any]:
     return kw
 
 
-@functools.cache
-def _hints() -> dict[str, Any]:
-    """``TrainOptions``' annotations, evaluated once (each evaluation compiles every one)."""
-    return typing.get_type_hints(TrainOptions)
-
-
 def _kind(name: str) -> Any:
     """The option's value type: its annotation without ``| None``."""
-    hint = _hints()[name]
+    hint = option_types()[name]
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return typing.get_origin(hint) or hint

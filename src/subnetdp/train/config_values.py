@@ -17,14 +17,14 @@ import typing
 from typing import Any
 
 from subnetdp.train.config import TrainConfig
+from subnetdp.train.options import option_types
 
 __all__ = ["check_field_values", "field_types"]
 
 
 def field_types() -> dict[str, Any]:
     """Each ``TrainConfig`` field's annotation, resolved."""
-    hints = typing.get_type_hints(TrainConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig)}
+    return dict(option_types())
 
 
 def check_field_values(values: dict[str, Any], *, where: str,

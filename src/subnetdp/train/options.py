@@ -482,6 +482,14 @@ class TrainOptions:
         return (every > 0 and step % every == 0) or (step == self.steps and self.save_final)
 
 
+@functools.cache
+def option_types() -> dict[str, Any]:
+    """Every option's type, resolved once (each resolution compiles every annotation)."""
+    import typing
+
+    return typing.get_type_hints(TrainOptions)
+
+
 def declared() -> tuple[dataclasses.Field[Any], ...]:
     """Every option's field, in declaration order."""
     return dataclasses.fields(TrainOptions)
