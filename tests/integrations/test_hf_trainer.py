@@ -121,11 +121,12 @@ def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
 
 def _live_bytes_over_trainings(folder: str) -> list[int]:
     """Live tensor bytes now and after each of two more trainings, whose trainers are dropped
-    (issue 42: a build is freed when dropped)."""
+    (issue 42: a build is freed when dropped). No later count may exceed the first: the
+    first can hold a few bytes that gloo's threads drop later (CI once saw 24 more there)."""
     sizes = [live_bytes()]
     for i in range(2):
         _trainer(f"{folder}/again{i}", 2, []).train()
-        sizes.append(settled(live_bytes, lambda b: b == sizes[0]))
+        sizes.append(settled(live_bytes, lambda b: b <= sizes[0]))
     return sizes
 
 
@@ -148,7 +149,7 @@ def test_sdp_trainer_equals_own_loop_and_resumes_exactly(tmp_path: Path) -> None
     assert results[0]["export_differs"] == [] and results[0]["n_export_differs"] == []
     assert (tmp_path / "b" / "checkpoint-3" / "sdp").is_dir()
     for r in results:  # train twice more in the same process: memory stays flat
-        assert len(set(r["live_bytes"])) == 1, r["live_bytes"]
+        assert max(r["live_bytes"][1:]) <= r["live_bytes"][0], r["live_bytes"]
 
 
 @pytest.mark.parametrize(("options", "says"), [

@@ -123,13 +123,14 @@ def _worker(rank: int, world: int, folder: str) -> dict[str, Any]:
 
 def _live_bytes_over_fits() -> list[int]:
     """Live tensor bytes now and after each of two more fits, whose modules and trainers are
-    dropped (issue 42: a build is freed when dropped)."""
+    dropped (issue 42: a build is freed when dropped). No later count may exceed the first: the
+    first can hold a few bytes that gloo's threads drop later (CI once saw 24 more there)."""
     from subnetdp.integrations.lightning import SDPStrategy
 
     sizes = [live_bytes()]
     for _ in range(2):
         _fit(SDPStrategy("b-sdp", plan=PlanSpec(coverage=0.5)), 2)
-        sizes.append(settled(live_bytes, lambda b: b == sizes[0]))
+        sizes.append(settled(live_bytes, lambda b: b <= sizes[0]))
     return sizes
 
 
@@ -153,7 +154,7 @@ def test_lightning_strategy_equals_own_loop_and_resumes_exactly(tmp_path: Path) 
     shards = [p.name for p in (tmp_path / "three.sdp" / "checkpoints").glob("step_*")]
     assert shards == ["step_00000003"]
     for r in results:  # fit twice more in the same process: memory stays flat
-        assert len(set(r["live_bytes"])) == 1, r["live_bytes"]
+        assert max(r["live_bytes"][1:]) <= r["live_bytes"][0], r["live_bytes"]
 
 
 def test_strategy_refuses_what_it_cannot_build() -> None:
