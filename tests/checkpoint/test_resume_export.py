@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
@@ -73,6 +74,28 @@ def test_resume_reproduces_the_uninterrupted_run(
     again = _final_state(run)
     assert again.keys() == final.keys()
     assert all(torch.equal(again[k], final[k]) for k in final)
+
+
+def test_two_runs_with_one_seed_checkpoint_the_same_random_states(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """Every generator a checkpoint keeps is seeded (numpy and Python were not: their states
+    differed from run to run, so user code drawing from them did not repeat)."""
+    first = _run_dir("b-sdp", tmp_path_factory) / "checkpoints" / "step_00000003"
+    again = tmp_path / "again"
+    assert main(["train", *TINY, "--strategy", "b-sdp", "--steps", str(EVERY), "--ckpt-every",
+                 str(EVERY), "--out", str(again)]) == 0
+    for shard in ("rank00000.safetensors", "rank00001.safetensors"):
+        a, b = (load_file(run / shard) for run in (first, again / "checkpoints" / first.name))
+        rng = sorted(k for k in a if k.startswith("rng/"))
+        assert rng == ["rng/numpy", "rng/torch"]
+        assert all(torch.equal(a[k], b[k]) for k in rng)
+        assert _rng_meta(first / shard) == _rng_meta(again / "checkpoints" / first.name / shard)
+
+
+def _rng_meta(shard: Path) -> dict[str, str]:
+    with safe_open(str(shard), "pt") as f:
+        return {k: v for k, v in f.metadata().items() if k.startswith("rng_")}
 
 
 def test_checkpoint_layout_and_manifest(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -465,6 +465,15 @@ def _load_optimizer(state: Any, params: list[OptParam],
 
 
 # -- RNG --------------------------------------------------------------------------------------
+def seed_generators(seed: int) -> None:
+    """Seed every generator a checkpoint keeps (torch, CUDA, numpy, Python), so that two runs
+    with one seed hold the same random states and user code drawing from numpy or ``random``
+    repeats too, not only after a resume."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
 def _capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     tensors = {"rng/torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -16,7 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from subnetdp.checkpoint.checkpointer import Checkpointer, RunStoppedError, run_info
+from subnetdp.checkpoint.checkpointer import (
+    Checkpointer,
+    RunStoppedError,
+    run_info,
+    seed_generators,
+)
 from subnetdp.checkpoint.reshard import HeldCheckpoint
 from subnetdp.distributed import faults
 from subnetdp.distributed.process_group import init_distributed, shutdown_distributed
@@ -254,7 +259,7 @@ def _start(cfg: TrainConfig, rank: int, world: int, plan: Plan | None,
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0 and cfg.progress:  # the first line from the workers, before the slow part
         print(f"building the model and plan ({world} workers) ...", flush=True)
-    torch.manual_seed(cfg.seed)
+    seed_generators(cfg.seed)
     device = run_device(cfg)
     recipe = get_recipe(cfg.recipe)
     task = make_task(cfg, recorded_data(cfg))  # a resume: the data the run recorded
