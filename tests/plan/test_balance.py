@@ -139,6 +139,9 @@ def test_min_holders_is_checked_for_spread_too() -> None:
     plan = make_plan(world=4, units=_units(RESNET18), coverage=0.75, scheme="balanced",
                      min_holders=3)
     assert min(plan.holder_counts()) >= 3
+    for scheme in ("spread", "balanced"):  # more holders than workers: that is the cause
+        with pytest.raises(PlanError, match=r"must be in \[1, 4\], the number of workers"):
+            make_plan(world=4, units=8, coverage=0.5, scheme=scheme, min_holders=9)
 
 
 def test_hundreds_of_units_and_workers_are_fast() -> None:

@@ -195,7 +195,8 @@ def _check(weights: Sequence[float] | Sequence[Sequence[float]], world: int,
     if any(not 0.0 < c <= 1.0 for c in capacities):
         raise PlanError(f"per-rank capacities must be in (0, 1], got {list(capacities)}")
     if not 1 <= min_holders <= world:
-        raise PlanError(f"--min-holders must be in [1, {world}], got {min_holders}")
+        raise PlanError(f"--min-holders (min_holders) must be in [1, {world}], the number "
+                        f"of workers; got {min_holders}")
     if sum(capacities) + 1e-9 < min_holders:
         raise PlanError(
             f"the capacities sum to {sum(capacities):.4g} of the model's unit cost, but "

@@ -261,8 +261,9 @@ def _unit_list(units: int | Sequence[Unit]) -> tuple[Unit, ...]:
 
 
 def _check_min_holders(plan: Plan, min_holders: int) -> None:
-    if min_holders < 1:
-        raise PlanError(f"--min-holders must be >= 1, got {min_holders}")
+    if not 1 <= min_holders <= plan.world:  # no scheme or coverage can give more holders
+        raise PlanError(f"--min-holders (min_holders) must be in [1, {plan.world}], the "
+                        f"number of workers; got {min_holders}")
     few = [u for u, c in enumerate(plan.holder_counts()) if c < min_holders]
     if few:
         raise PlanError(
