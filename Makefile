@@ -73,6 +73,7 @@ TORCH_VENV ?= .venv-torch-$(TORCH)
 TORCH_CORE := tests/install/test_torch_compat.py tests/runtime/test_bsdp.py \
 	tests/runtime/test_nsdp.py tests/runtime/test_backward_masking.py \
 	tests/runtime/test_ring_reduce_scatter.py tests/runtime/test_optim.py \
+	tests/runtime/test_grouped_fused.py \
 	tests/composition/test_zero.py tests/composition/test_fsdp_ac_bf16.py \
 	tests/checkpoint/test_fsdp.py tests/checkpoint/test_resume_export.py \
 	tests/integrations/test_lightning.py tests/integrations/test_hf_trainer.py

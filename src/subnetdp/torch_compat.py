@@ -17,6 +17,10 @@ newer name.
   ships in torch 2.12; before it torch elastic's grace is a fixed 30 s.
 - ``_abort_process_group`` (a rank's groups aborted under it: the fault injector's ``abort``)
   is private in every supported release.
+- ``hook_fsdp_on_first`` moves FSDP2's forward hooks of a grouped ``fully_shard`` onto its
+  first module: the state (``FSDPModule._get_fsdp_state``), its ``_pre_forward`` and
+  ``_post_forward`` and their handles are private in every release (checked on 2.13;
+  ``tests/runtime/test_grouped_fused.py`` fails on a release that renames them).
 - The default process group and store, the registry of every group and a group's timeout are
   private names of ``distributed_c10d`` (unchanged from 2.9 to 2.15).
 
@@ -38,7 +42,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 __all__ = ["ReduceScatter", "abort_process_group", "all_gather_single", "default_group",
-           "default_store", "launch_grace", "reduce_scatter_single",
+           "default_store", "hook_fsdp_on_first", "launch_grace", "reduce_scatter_single",
            "set_group_timeouts", "set_unshard_async"]
 
 
@@ -62,6 +66,18 @@ def set_unshard_async(module: Any, async_op: bool) -> None:
     """FSDP2's switch for asynchronous all-gathers (documented, but private in every release
     from 2.9 to 2.15)."""
     module._set_unshard_async_op(async_op)
+
+
+def hook_fsdp_on_first(module: Any, first: Any) -> None:
+    """A grouped ``fully_shard([first, *rest])`` (``module``, its returned FSDP module) with
+    its forward hooks on ``first`` only, as ``fully_shard(first)`` registers them: calling
+    ``first`` gathers the group and ends its forward, and ``rest`` run as plain modules on the
+    gathered parameters (which FSDP installs on them), without a hook call each."""
+    state = module._get_fsdp_state()
+    state._pre_forward_hook_handle.remove()  # one handle for every module's pre and post hook
+    state._pre_forward_hook_handle = first.register_forward_pre_hook(
+        state._pre_forward, prepend=True, with_kwargs=True)
+    state._post_forward_hook_handle = first.register_forward_hook(state._post_forward)
 
 
 def launch_grace(seconds: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from subnetdp.models import get_recipe
 from subnetdp.plan import make_plan
 from subnetdp.runtime import SubnetDataParallel
+from subnetdp.runtime.grouped import GroupedLayer
 from subnetdp.subnet.neurons import make_neuron_plan
 from subnetdp.subnet.units import describe_units, unit_modules
 from tests.dist.harness import run_workers
@@ -83,7 +84,16 @@ def _train(rank: int, world: int, strategy: str, plan: Any, opts: dict[str, Any]
     return {"state": state, "losses": losses, "groups": groups, "dtype": dtype,
             "bytes": sdp.comm_stats.last_step_bytes, "created": sdp.groups.created,
             "held": sdp.params_held, "trained": sdp.params_trained,
-            "fsdp_modules": len(getattr(sdp.backend, "sharded", []))}
+            "fsdp_modules": len(getattr(sdp.backend, "sharded", [])),
+            "grouped": _grouped_layers(sdp.backend.module)}
+
+
+def _grouped_layers(module: torch.nn.Module) -> dict[str, int]:
+    """n-sdp + FSDP's grouped layers: how many, how many run as one matmul, and how many of
+    their parts carry forward hooks (FSDP's, where a part is its own FSDP module)."""
+    layers = [m for m in module.modules() if isinstance(m, GroupedLayer)]
+    return {"layers": len(layers), "as_one": sum(m.as_one for m in layers),
+            "hooked_parts": sum(bool(p._forward_pre_hooks) for m in layers for p in m.parts)}
 
 
 def _groups_created() -> int:
@@ -193,6 +203,16 @@ def test_fsdp_equals_plain_sdp(strategy: str, name: str) -> None:
             held = plan.held_units(rank)
             assert r["fsdp_modules"] == 1 + len({(block(u), plan.holders(u)) for u in held})
             assert r["fsdp_modules"] < len(held)
+            # the group's hooks sit on its entry alone, and each grouped Linear runs as one
+            # matmul over its gathered parts (GroupedLayer.gather_first)
+            assert r["grouped"]["layers"] > 0
+            assert r["grouped"] == {**r["grouped"], "as_one": r["grouped"]["layers"],
+                                    "hooked_parts": 0}
+        # under activation checkpointing every part is its own FSDP module, hooked and run
+        # on its own
+        for r in _run(strategy, {"fsdp": True, "activation_checkpointing": True}):
+            assert r["grouped"]["as_one"] == 0
+            assert r["grouped"]["hooked_parts"] > 0
 
 
 @pytest.mark.parametrize(("strategy", "opts"), AC_CASES)

@@ -59,4 +59,6 @@ def test_foreach_and_fused_step_across_meshes_like_the_loop() -> None:
 
 def test_fast_path_by_device() -> None:
     assert fast_path("cpu") == {}
+    assert fast_path("cpu", dtensors=True) == {"foreach": True}  # one dispatch per operation
     assert fast_path("cuda") == {"fused": True}
+    assert fast_path("cuda", dtensors=True) == {"fused": True}

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from subnetdp.models import Recipe, get_recipe
 from subnetdp.parallelize import compute_dtype, parallelize, storage_dtype
@@ -273,11 +274,13 @@ def build_rank(
 def optimizer_for(rank: RankModel, recipe: Recipe, *,
                   device: torch.device | str = "cpu") -> torch.optim.Optimizer:
     """The recipe's optimizer over this rank's parameters (sharded under zero: runtime.zero;
-    ddp+zero1: ZeroRedundancyOptimizer). On CUDA, what training builds: fused
-    (``runtime.optim.fast_path``), which keeps no per-tensor temporaries;
-    elsewhere the per-tensor loop (``foreach=False``), whose temporaries (one parameter's
-    size) the estimator models the same way on every device."""
-    impl: dict[str, Any] = fast_path(torch.device(device).type) or {"foreach": False}
+    ddp+zero1: ZeroRedundancyOptimizer). What training builds (``runtime.optim.fast_path``):
+    fused on CUDA, which keeps no per-tensor temporaries; foreach over FSDP's DTensors
+    elsewhere; else the per-tensor loop (``foreach=False``), whose temporaries (one
+    parameter's size) the estimator models the same way on every device."""
+    dtensors = any(isinstance(p, DTensor) for p in rank.parameters())
+    impl: dict[str, Any] = (fast_path(torch.device(device).type, dtensors=dtensors)
+                            or {"foreach": False})
     if optimizer_states(recipe.name) < 2:  # the image recipes train with SGD
         return rank.optimizer(torch.optim.SGD, lr=1e-4, **impl,
                               momentum=float(recipe.defaults.get("momentum", 0.9)))

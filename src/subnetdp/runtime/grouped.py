@@ -11,6 +11,14 @@ sharded over its group's holders. The function is unchanged:
   channels and the outputs add up; the layer's bias (shared, unsplit) is added once;
 - ``channel``: a BatchNorm: each part normalises its own channels.
 
+Where FSDP gathers a block's parts before the block runs and keeps them gathered (n-sdp without
+activation checkpointing: ``runtime.fsdp``, [Note: one FSDP module per block and holder
+group]), the parts carry no FSDP hooks and ``gather_first`` tells the layer so: it casts its
+input to the parts' compute dtype itself (FSDP's mixed-precision hook did that per part), and a
+Linear layer runs as one ``F.linear`` over its parts' weights concatenated: on llama-tiny
+(C = 0.5, two parts a layer) half the matmuls, and the local layer's very computation, as plain
+n-sdp runs it.
+
 Sliced buffers (BatchNorm running statistics) stay on the ``GroupedLayer`` under their
 original names, at the layer's local width, and the parts use views of them, so buffer sync and
 assembly see the usual layout. ``ungroup_state`` turns a state dict back into the local
@@ -21,8 +29,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from subnetdp.subnet.pieces import LocalPiece
@@ -67,9 +77,27 @@ class GroupedLayer(nn.Module):
                                          persistent=False)
             parts.append(part)
         self.parts = nn.ModuleList(parts)
+        self.gathered = False  # gather_first
+        self.as_one = False
+
+    def gather_first(self) -> None:
+        """The parts' parameters are gathered before this layer runs and the parts carry no
+        hooks (module doc): cast the input here, and run a Linear's parts as one layer."""
+        self.gathered = True
+        starts = [s for s, _ in self.spans]
+        tiled = starts == [sum(n for _, n in self.spans[:i]) for i in range(len(starts))]
+        self.as_one = self.mode == "out" or (self.mode == "in" and tiled)
+        for part in self.parts:  # a plain Linear: its forward is F.linear, nothing around it
+            self.as_one &= (isinstance(part, nn.Linear) and "forward" not in vars(part)
+                            and type(part).forward is nn.Linear.forward
+                            and not part._forward_hooks and not part._forward_pre_hooks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ch = self.channel_dim
+        if self.gathered:
+            x = _cast_like(x, self.parts[0])
+        if self.as_one:
+            return self._as_one(x)
         if self.mode == "out":
             return torch.cat([p(x) for p in self.parts], dim=ch)
         pieces = [p(x.narrow(ch, s, n)) for p, (s, n) in zip(self.parts, self.spans, strict=True)]
@@ -83,6 +111,22 @@ class GroupedLayer(nn.Module):
             shape[ch] = -1
             y = y + self.bias.view(shape)
         return y
+
+    def _as_one(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [cast(nn.Linear, p) for p in self.parts]  # gather_first checked
+        weights: list[torch.Tensor] = [p.weight for p in parts]
+        weight = torch.cat(weights, dim=self.sliced["weight"])
+        if self.mode == "in":  # the parts tile x's channels in order
+            return F.linear(x, weight, self.bias)
+        biases: list[torch.Tensor] = [p.bias for p in parts if p.bias is not None]
+        return F.linear(x, weight, torch.cat(biases) if biases else None)
+
+
+def _cast_like(x: torch.Tensor, part: nn.Module) -> torch.Tensor:
+    """``x`` in the dtype of ``part``'s parameters, as FSDP's mixed-precision policy casts a
+    module's floating-point inputs."""
+    dtype = next(part.parameters()).dtype
+    return x.to(dtype) if x.is_floating_point() and x.dtype != dtype else x
 
 
 def group_layers(module: nn.Module, local: Mapping[str, Sequence[LocalPiece]]) -> list[str]:

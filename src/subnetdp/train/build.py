@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from subnetdp.filemode import write_atomic
 from subnetdp.models import Recipe
@@ -98,8 +99,10 @@ def make_optimizer(
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    # fused on CUDA, whatever the meshes ([Note: optimizers across meshes])
-    impl = fast_path(params[0].device.type) if params else {}
+    # fused on CUDA, whatever the meshes; foreach over DTensors elsewhere ([Note: optimizers
+    # across meshes])
+    impl = fast_path(params[0].device.type,
+                     dtensors=any(isinstance(p, DTensor) for p in params)) if params else {}
     # rank.optimizer: the optimizer class over these groups, on shards under --zero
     opt: torch.optim.Optimizer
     if recipe.defaults.get("optimizer", "adamw") == "sgd":
