@@ -27,9 +27,9 @@ from typing import Any
 from subnetdp.bench.netem import TBF_BURST
 from subnetdp.estimate.advisor import OPTIONS, candidates, progress_steps
 from subnetdp.estimate.cluster import DEVICES, Cluster, Link
-from subnetdp.estimate.rates import read_calibration
+from subnetdp.estimate.rates import compute_terms, read_calibration
 from subnetdp.estimate.spec import BenchSpec
-from subnetdp.estimate.steptime import predict_step
+from subnetdp.estimate.steptime import ComputeTerms, predict_step
 from subnetdp.models import get_recipe
 from subnetdp.subnet.costs import recipe_costs
 
@@ -77,7 +77,8 @@ def cluster_of(row: dict[str, Any], loopback: Link) -> Cluster:
                    shared_intra=True)
 
 
-def predict(rows: list[dict[str, Any]], call_s: float = 0.0) -> list[dict[str, Any]]:
+def predict(rows: list[dict[str, Any]], call_s: float = 0.0,
+            terms: ComputeTerms | None = None) -> list[dict[str, Any]]:
     by_campaign: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_campaign[campaign(r)].append(r)
@@ -102,7 +103,7 @@ def predict(rows: list[dict[str, Any]], call_s: float = 0.0) -> list[dict[str, A
         rate = ddp_flops / ddp["compute_s"]
         for r in group:
             p = predict_step(spec_of(r), cluster_of(r, loopback), rate=rate, backend="gloo",
-                             costs=costs, call_s=call_s)
+                             costs=costs, call_s=call_s, terms=terms)
             out.append({**r, "rate_flops": rate, "reference": ddp["strategy"],
                         "progress_steps": progress_steps(spec_of(r)), "predicted": p.to_dict(),
                         "ratio": p.step_s / r["step_s_median"],
@@ -240,12 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=str(REPO / "docs/results/network_model.png"))
     p.add_argument("--json", default=str(REPO / "benchmarks/results/network_model.json"))
     p.add_argument("--calibration", default=str(REPO / "benchmarks/results/cpu_calibration.json"),
-                   help="FSDP's host time per call from this python -m "
-                        "subnetdp.estimate.calibrate record (fsdp_call_s)")
+                   help="what the FLOP rate misses (FSDP's host time per call, n-sdp's "
+                        "narrow layers, activation checkpointing) from this python -m "
+                        "subnetdp.estimate.calibrate record")
     args = p.parse_args(argv)
     rows = json.loads(Path(args.measured).read_text())
-    call_s = float(read_calibration(args.calibration).get("fsdp_call_s") or 0.0)
-    results = predict(rows, call_s)
+    record = read_calibration(args.calibration)
+    call_s = float(record.get("fsdp_call_s") or 0.0)
+    terms = compute_terms(record)
+    results = predict(rows, call_s, terms)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     plot(results, Path(args.plot))
     misses = sum(abs(r["ratio"] - 1) > BAND for r in results)

@@ -413,6 +413,10 @@ def test_calibration_file_round_trip(tmp_path: Path, capsys: pytest.CaptureFixtu
                            "8", "--matmul-seconds", "0.1", "--out", str(out)]) == 0
     record = read_calibration(out)
     assert record["model_flops"] > 0 and record["nproc"] == 1
+    # what the FLOP rate misses (test_compute_terms), measured on the narrowed n-sdp rank of
+    # two and the checkpointed model, with the load average around it
+    assert 0 < record["narrow"]["held"] < 1 and record["narrow"]["efficiency"] > 0
+    assert record["ac_efficiency"] > 0 and record["load_after"] >= 0
     argv = ["plan", "cluster", "--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32",
             "--cluster", "nodes=1,gpus-per-node=2,gpu=cpu", "--strategies", "ddp",
             "--calibration", str(out), "--json"]

@@ -225,6 +225,39 @@ class RankFlops:
         return out
 
 
+def held_fraction(flops: RankFlops, costs: ModelCosts) -> float:
+    """The share of the units' forward FLOPs ``flops``'s rank runs (n-sdp: its held width)."""
+    units = sum(u.fwd_flops for u in costs.units)
+    return (flops.forward - costs.shared.fwd_flops) / units if units else 1.0
+
+
+@dataclass(frozen=True)
+class ComputeTerms:
+    """What the FLOP rate misses, each measured by ``estimate.calibrate`` on bare models
+    against the full model's step (1.0: not measured, the FLOP rate alone):
+
+    - ``narrow_efficiency``: the FLOP rate of n-sdp's narrowed rank (``narrow_held`` of every
+      layer's width) over the full model's: narrower matrix products run slower per FLOP, and
+      the unnarrowed work (norms, embedding, the optimizer over the shared part) does not
+      shrink. At another held fraction h: linear in h between 1 (h = 1) and the measured point,
+      the measured value below it.
+    - ``ac_efficiency``: the FLOP rate of the step with every block checkpointed (its FLOPs
+      counting the recompute) over the full model's: recompute saves activations again and
+      runs the non-matmul work twice.
+    """
+
+    narrow_held: float = 1.0
+    narrow_efficiency: float = 1.0
+    ac_efficiency: float = 1.0
+
+    def narrow(self, held: float) -> float:
+        """The rate factor of a rank whose layers are narrowed to ``held`` of their width."""
+        if self.narrow_held >= 1.0 or held >= 1.0:
+            return 1.0
+        t = min(1.0, (1.0 - held) / (1.0 - self.narrow_held))
+        return 1.0 + t * (self.narrow_efficiency - 1.0)
+
+
 def rank_flops(spec: BenchSpec, costs: ModelCosts, plan: Plan | None) -> list[RankFlops]:
     """Per rank, the FLOPs of one step (module docstring; one shared object per plan row).
     ``plan`` None: a baseline (every rank runs everything)."""
@@ -360,14 +393,16 @@ class StepTime:
 def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str = "nccl",
                  costs: ModelCosts | None = None, overlap: bool = True,
                  plan: Plan | None = None,
-                 colls: list[list[Collective]] | None = None, call_s: float = 0.0) -> StepTime:
+                 colls: list[list[Collective]] | None = None, call_s: float = 0.0,
+                 terms: ComputeTerms | None = None) -> StepTime:
     """The model's step time of ``spec`` on ``cluster`` (``cluster.world`` must be
     ``spec.world``) at ``rate`` model FLOP/s per rank; ``costs``: the recipe's at the spec's
     batch and sequence (measured when not given); ``overlap=False``: every collective on the
     critical path. ``plan`` (SDP) and ``colls`` (``collectives(spec)``): computed once by a
     caller that predicts one spec on several clusters. ``call_s``: the host time of one FSDP
     collective call beyond its bytes (hooks, copy-in/out, the holders' rendezvous), measured
-    by ``estimate.calibrate`` (``fsdp_call_s``): part of compute, once per call."""
+    by ``estimate.calibrate`` (``fsdp_call_s``): part of compute, once per call. ``terms``:
+    the rest of what the FLOP rate misses (``ComputeTerms``), measured by the same tool."""
     if cluster.world != spec.world:
         raise ValueError(f"the cluster has {cluster.world} ranks, the spec {spec.world}")
     if rate <= 0:
@@ -381,6 +416,7 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
             plan = make_bench_plan(spec, meta, recipe)
     flops = rank_flops(spec, costs, plan)
     slowest = max(flops, key=lambda f: f.total)
+    rate *= _efficiency(spec, terms or ComputeTerms(), held_fraction(slowest, costs))
     fwd_s, bwd_s = slowest.forward / rate, (slowest.backward + slowest.recompute) / rate
     colls = colls if colls is not None else collectives(spec)
     if call_s:  # what the FLOP rate misses: FSDP's host time per call (module docstring)
@@ -415,6 +451,16 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
         compute_s=fwd_s + bwd_s, comm_s=comm, exposed_s=exposed,
         ring_bytes=[ring[id(cs)] for cs in colls], wire_bytes=[sent[id(cs)] for cs in colls],
         flops=flops, tokens=tokens)
+
+
+def _efficiency(spec: BenchSpec, terms: ComputeTerms, held: float) -> float:
+    """The factor on the FLOP rate of ``spec``'s slowest rank (``ComputeTerms``): n-sdp's
+    narrowed layers (forward-masked neuron splits; backward masking runs every layer whole)
+    and activation checkpointing."""
+    s = spec.strategy_value
+    narrowed = s.is_sdp and s.splits_layers and not s.backward_masked
+    return ((terms.narrow(held) if narrowed else 1.0)
+            * (terms.ac_efficiency if spec.uses_ac else 1.0))
 
 
 def with_local_steps(st: StepTime, spec: BenchSpec, cluster: Cluster, *, every: int,
