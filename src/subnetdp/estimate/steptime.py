@@ -44,9 +44,14 @@
   ``fsdp_call_s``) and added to compute once per call (n-sdp+fsdp before its parts were
   grouped per block: about a hundred calls per step on llama-tiny).
 
+- **What else the FLOP rate misses** (``terms``: ``ComputeTerms``): n-sdp's narrowed layers
+  run slower per FLOP than the full model's (narrower matrix products; the unnarrowed work
+  does not shrink) and a checkpointed step's recompute differs from its FLOPs; each a ratio
+  of FLOP rates measured on bare models (``estimate.calibrate``), applied to the rate.
+
 The model is calibrated, never fitted to the step times it predicts: ``rate`` from a matmul
-and a compute-only training step and ``call_s`` from tiny FSDP modules
-(``estimate.calibrate``), α and β of a link from a ping-pong and a large transfer (the
+and a compute-only training step, ``call_s`` from tiny FSDP modules and ``terms`` from the
+narrowed and the checkpointed model (``estimate.calibrate``), α and β of a link from a ping-pong and a large transfer (the
 emulated benchmark's probe).
 """
 
