@@ -447,3 +447,14 @@ def test_fsdp_host_time_counts_each_call() -> None:
         base = predict_step(spec, cluster, rate=1e10, backend="gloo")
         slow = predict_step(spec, cluster, rate=1e10, backend="gloo", call_s=1e-3)
         assert slow.compute_s - base.compute_s == pytest.approx(calls * 1e-3)
+
+
+def test_zero1_broadcasts_one_call_per_parameter() -> None:
+    """ddp+zero1's optimizer (torch's ZeroRedundancyOptimizer, no bucket view) broadcasts
+    parameter by parameter: on a link of latency only, its phase after the step costs one
+    broadcast's latency steps per parameter tensor (llama-tiny, 4 blocks: 4 x 9 + 3)."""
+    spec = BenchSpec(strategy="ddp+zero1", **TINY)  # type: ignore[arg-type]
+    (bcast,) = [c for c in collectives(spec)[0] if c.kind == "broadcast"]
+    assert bcast.calls == 39
+    t = predict_step(spec, _one_node(1e30, shared=False, alpha=1e-3), rate=1e30)
+    assert t.exposed_s["after reduce"] == pytest.approx(39 * 3 * 1e-3)

@@ -32,8 +32,8 @@
   critical path. FSDP's all-gathers and reduce-scatters pipeline against forward and backward
   when adjacent blocks are prefetched (``fsdp_prefetch``, subnetdp's default) on backends with
   side streams (NCCL); on gloo they block (``FSDP_BLOCKING``): all of them are exposed.
-  ZeRO's all-gathers of updated parameters and ddp+zero1's broadcasts run after the optimizer
-  step: exposed.
+  ZeRO's all-gathers of updated parameters and ddp+zero1's broadcasts (one per parameter
+  tensor, as torch's ZeroRedundancyOptimizer sends them) run after the optimizer step: exposed.
 - **Shaped links**: a link with a token bucket (``Link.burst``: the emulated links' tbf) sends
   the first ``burst`` bytes after each idle gap at once; blocking calls separated by compute
   each start after such a gap.
@@ -142,15 +142,20 @@ def collectives(spec: BenchSpec, plan: Plan | None = None) -> list[list[Collecti
     records = analytic_comm(spec, plan)
     groups: dict[str, tuple[int, ...]] = {}  # one tuple per group: a world of 8,000 is big
     lists: dict[int, list[Collective]] = {}
+    # ddp+zero1: torch's ZeroRedundancyOptimizer broadcasts parameter by parameter
+    # (``_broadcast_params_from_rank`` without ``parameters_as_bucket_view``): one call each
+    tensors = (sum(1 for _ in meta_model(spec, check_seq=False)[1].parameters())
+               if any("broadcast" in rec["by_collective"] for rec in records[:1]) else 1)
     for rec in records:
         if id(rec) not in lists:
-            lists[id(rec)] = _rank_collectives(spec, rec, groups)
+            lists[id(rec)] = _rank_collectives(spec, rec, groups, tensors)
     return [lists[id(rec)] for rec in records]
 
 
 def _rank_collectives(spec: BenchSpec, rec: dict[str, Any],
-                      groups: dict[str, tuple[int, ...]]) -> list[Collective]:
-    """One rank's collectives from its ``analytic_comm`` record (no FSDP)."""
+                      groups: dict[str, tuple[int, ...]], tensors: int) -> list[Collective]:
+    """One rank's collectives from its ``analytic_comm`` record (no FSDP); ``tensors``: the
+    broadcasts of ddp+zero1, one per parameter tensor."""
     cap = spec.bucket_cap_mb * 2**20
     colls = []
     by_coll = rec["by_collective"]
@@ -162,7 +167,7 @@ def _rank_collectives(spec: BenchSpec, rec: dict[str, Any],
             ar = by_coll["all_reduce"]["payload"]
             colls += [Collective("all_reduce", group, ar, _buckets(ar, cap, first=True),
                                  "backward"),
-                      Collective("broadcast", group, g["payload"] - ar, 1, "after")]
+                      Collective("broadcast", group, g["payload"] - ar, tensors, "after")]
         elif "reduce_scatter+all_gather" in by_coll:  # ZeRO in holder groups
             n = _buckets(g["payload"], cap)
             colls += [Collective("reduce_scatter", group, g["payload"], n, "backward"),
