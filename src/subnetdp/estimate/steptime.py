@@ -21,7 +21,9 @@
   bytes can exceed the counted ones: gloo runs ``reduce_scatter_tensor`` as an all-reduce of the
   whole tensor (``ProcessGroupGloo::reduce_scatter_tensor_coalesced``: clone, all-reduce, keep
   one chunk), so ``WIRE`` doubles its share on gloo; FSDP runs ``runtime.ring``'s ring instead
-  (``BenchSpec.ring_reduce_scatter``, the default: ``RING_REDUCE_SCATTER_WIRE``).
+  (``BenchSpec.ring_reduce_scatter``, the default: ``RING_REDUCE_SCATTER_WIRE``). Backward
+  masking's refresh (bb-sdp, nb-sdp) is point to point: each unit's owner sends it to every
+  non-holder (``_with_refresh``), beyond ``estimate.comm``'s collective bytes.
 - **Overlap**: what hides behind compute. Bucketed all-reduces (DDP, SDP's reducer, ZeRO's
   reduce-scatters) are launched asynchronously, in order, as buckets complete during backward:
   a bucket is ready when backward has produced its last gradient (backward runs the output
@@ -51,8 +53,8 @@
 
 The model is calibrated, never fitted to the step times it predicts: ``rate`` from a matmul
 and a compute-only training step, ``call_s`` from tiny FSDP modules and ``terms`` from the
-narrowed and the checkpointed model (``estimate.calibrate``), α and β of a link from a ping-pong and a large transfer (the
-emulated benchmark's probe).
+narrowed and the checkpointed model (``estimate.calibrate``), α and β of a link from a
+ping-pong and a large transfer (the emulated benchmark's probe).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ DDP_FIRST_BUCKET = 1 << 20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCK
 class Collective:
     """One kind of collective of one rank over one group, per step."""
 
-    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast
+    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast | send (point to point)
     group: tuple[int, ...]
     payload: float  # bytes handed to the collective, per step (estimate.comm's)
     calls: int  # launches per step (buckets, FSDP modules): latency
@@ -96,8 +98,11 @@ class Collective:
 
     @property
     def ring_share(self) -> float:
-        """Fraction of the payload a rank sends in a ring."""
+        """Fraction of the payload a rank sends in a ring (a send: all of it, to
+        ``group[1]``)."""
         h = len(self.group)
+        if self.kind == "send":
+            return 1.0
         return (2 if self.kind == "all_reduce" else 1) * (h - 1) / h
 
     @property
@@ -138,7 +143,7 @@ def collectives(spec: BenchSpec, plan: Plan | None = None) -> list[list[Collecti
                     colls.append(Collective("all_gather", group, float((g - s) * gb), n,
                                             "backward", True))
             out[id(per_group)] = colls
-        return [out[id(e)] for e in elems]
+        return _with_refresh(spec, plan, [out[id(e)] for e in elems])
     records = analytic_comm(spec, plan)
     groups: dict[str, tuple[int, ...]] = {}  # one tuple per group: a world of 8,000 is big
     lists: dict[int, list[Collective]] = {}
@@ -149,7 +154,34 @@ def collectives(spec: BenchSpec, plan: Plan | None = None) -> list[list[Collecti
     for rec in records:
         if id(rec) not in lists:
             lists[id(rec)] = _rank_collectives(spec, rec, groups, tensors)
-    return [lists[id(rec)] for rec in records]
+    return _with_refresh(spec, plan, [lists[id(rec)] for rec in records])
+
+
+def _with_refresh(spec: BenchSpec, plan: Plan | None,
+                  lists: list[list[Collective]]) -> list[list[Collective]]:
+    """``lists`` with backward masking's refresh (bb-sdp, nb-sdp; ``runtime.refresh``): before
+    the forward after every ``refresh_every``-th step, each unit's owner (its lowest-ranked
+    holder) sends the unit's parameters to every rank that does not hold it, point to point
+    and blocking. Per owner one send per receiver (exposed, after the optimizer step); the
+    other ranks of the owner's plan row keep the shared list. Point to point: outside
+    ``estimate.comm``'s collective bytes."""
+    if not (spec.is_sdp and spec.strategy_value.backward_masked):
+        return lists
+    if plan is None:
+        recipe, meta = meta_model(spec, check_seq=False)
+        plan = make_bench_plan(spec, meta, recipe)
+    sends: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for u in range(plan.num_units):
+        holders = set(plan.holders(u))
+        nbytes = plan.units[u].size * spec.param_bytes / spec.refresh_every
+        for dst in range(spec.world):
+            if dst not in holders:
+                sends[plan.owner(u)][dst] += nbytes
+    out = list(lists)
+    for owner, per_dst in sends.items():
+        out[owner] = lists[owner] + [Collective("send", (owner, dst), b, 1, "after")
+                                     for dst, b in sorted(per_dst.items())]
+    return out
 
 
 def _rank_collectives(spec: BenchSpec, rec: dict[str, Any],
@@ -447,15 +479,17 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
         exposed["backward reduce"] = t if not overlap else max(
             bucket_exposed(t, bwd_s, reduce_buckets(spec, costs, plan, f, cs, wire))
             for f, cs in cases.values())
-    # after the optimizer step (ZeRO's gathers, ddp+zero1's broadcasts): exposed
+    # after the optimizer step (ZeRO's gathers, ddp+zero1's broadcasts, backward masking's
+    # refresh before the next forward): exposed
     for name, kinds in (("gather", ("all_gather",)), ("reduce", ("broadcast", "all_reduce",
-                                                                  "reduce_scatter"))):
+                                                                  "reduce_scatter")),
+                        ("refresh", ("send",))):
         after = _part(colls, lambda c, kinds=kinds: c.phase == "after" and c.kind in kinds)
         if any(after):
             comm[f"after {name}"] = exposed[f"after {name}"] = _phase_time(cluster, after, wire)
     tokens = spec.world * spec.batch * (costs.seq or 1)
     rows = {id(cs): cs for cs in colls}.values()  # one list per plan row
-    ring = {id(cs): sum(c.ring_bytes for c in cs) for cs in rows}
+    ring = {id(cs): sum(c.ring_bytes for c in cs if c.kind != "send") for cs in rows}
     sent = {id(cs): sum(c.ring_bytes * wire.get(c.kind, 1.0) for c in cs) for cs in rows}
     return StepTime(
         compute_s=fwd_s + bwd_s, comm_s=comm, exposed_s=exposed,
