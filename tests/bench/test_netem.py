@@ -164,7 +164,7 @@ def test_sigint_removes_everything(tmp_path: Any) -> None:
 # -- one short emulated run --------------------------------------------------------------------
 
 # the model's accuracy where the link dominates (docs/results/network_model.md: within 15%
-# on 15 of the 16 shared 300 and 100 Mbit/s rows), widened for a run of 4 timed steps
+# on all 32 shared 300 and 100 Mbit/s rows), widened for a run of 4 timed steps
 SLOWDOWN_BAND = 0.25
 
 

@@ -1,6 +1,8 @@
 """The small clusters whose advisor tables ``data/advisor_small.json`` holds, as computed
 before the advisor learned to evaluate each distinct case once (a per-rank loop): the fast
-path must give exactly these numbers (``test_steptime.test_advisor_tables_unchanged``)."""
+path must give exactly these numbers (``test_steptime.test_advisor_tables_unchanged``). The
+ddp+zero1 and bb-sdp rows were rewritten when the model learned ddp+zero1's per-parameter
+broadcasts and backward masking's refresh (issue 45); no other value moved."""
 
 # cluster, backend, overlap
 CASES = (

@@ -135,7 +135,8 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
     FLOP/s per rank (``estimate.rates``); ``backend``: the collectives' (default: the
     device's, ``Device.backend``). The fastest is at matched progress ([Note: matched
     progress])."""
-    flops, call_s = (rate.flops, rate.call_s or 0.0) if isinstance(rate, Rate) else (rate, 0.0)
+    flops, call_s, terms = ((rate.flops, rate.call_s or 0.0, rate.terms)
+                            if isinstance(rate, Rate) else (rate, 0.0, None))
     if memory_gb <= 0:
         raise ValueError(f"--memory-gb must be > 0, got {memory_gb}")
     if len({c.world for c in clusters}) != 1:
@@ -157,7 +158,8 @@ def advise(base: BenchSpec, clusters: list[Cluster], *, memory_gb: float, rate: 
         rows = []
         for spec, plan, colls, peak in known:
             t = predict_step(spec, cluster, rate=flops, backend=backend, costs=costs,
-                             overlap=overlap, plan=plan, colls=colls, call_s=call_s)
+                             overlap=overlap, plan=plan, colls=colls, call_s=call_s,
+                             terms=terms)
             rows.append(Advice(spec, peak, peak <= memory_gb * GB, t,
                                sync_every=sync_every(spec, cluster, t, colls, backend)))
         fitting = [a for a in rows if a.fits]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.estimate.cluster import Cluster, Device
+from subnetdp.estimate.steptime import ComputeTerms
 
 # the on-the-spot CPU calibration: seconds of matmuls, timed training steps (after two
 # warm-up ones); a few seconds in all on top of starting the processes
@@ -43,14 +44,23 @@ class Rate:
     # host seconds per FSDP collective call (``steptime.predict_step``'s ``call_s``):
     # measured with the rate (``calibrate``'s ``fsdp_call_s``), else None: not modelled
     call_s: float | None = None
+    # n-sdp's narrowed layers and activation checkpointing against the FLOP rate, measured
+    # with it (``calibrate``), else None: the FLOP rate alone (assumed)
+    terms: ComputeTerms | None = None
 
     def describe(self) -> str:
         mark = "assumed: " if self.assumed else ""
         call = ("FSDP host time per call 0 (assumed: hidden behind the device's streams)"
                 if self.call_s is None else
                 f"FSDP host time {self.call_s * 1e3:.3g} ms per call (measured with it)")
+        t = self.terms
+        terms = ("n-sdp's narrow layers and activation checkpointing at the FLOP rate "
+                 "(assumed)" if t is None else
+                 f"n-sdp's layers at {t.narrow_held:.2g} of their width at "
+                 f"{t.narrow_efficiency:.2f} of the rate, activation checkpointing at "
+                 f"{t.ac_efficiency:.2f} (measured with it)")
         return (f"compute {self.flops / 1e12:.4g} TFLOP/s per rank ({mark}{self.source}); "
-                + call)
+                f"{call}; {terms}")
 
 
 def given_rate(device: Device, dtype: str, mfu: float | None, peak_tflops: float | None) -> Rate:
@@ -81,7 +91,17 @@ def calibration_rate(record: dict[str, Any], where: str) -> Rate:
                 f"measured {where}: {record['recipe']} {record['batch_size']} x "
                 f"{record['seq_len']}, {record['nproc']} processes at once, "
                 f"{record.get('date', 'undated')}", assumed=False,
-                call_s=float(call) if call is not None else None)
+                call_s=float(call) if call is not None else None,
+                terms=compute_terms(record))
+
+
+def compute_terms(record: dict[str, Any]) -> ComputeTerms | None:
+    """A ``calibrate`` record's ``ComputeTerms``; None for a record from before they were
+    measured (``read_calibration`` checked them)."""
+    narrow, ac = record.get("narrow"), record.get("ac_efficiency")
+    if narrow is None or ac is None:
+        return None
+    return ComputeTerms(float(narrow["held"]), float(narrow["efficiency"]), float(ac))
 
 
 KEYS = ("model_flops", "recipe", "batch_size", "seq_len", "nproc")
@@ -106,6 +126,17 @@ def read_calibration(path: str | Path) -> dict[str, Any]:
     if not isinstance(flops, (int, float)) or not math.isfinite(flops) or flops <= 0:
         raise ValueError(f"--calibration {path}: model_flops must be a FLOP/s rate > 0, got "
                          f"{flops!r}")
+    # the compute terms (``compute_terms``): absent in records from before they were measured
+    narrow = record.get("narrow")
+    values = {} if "ac_efficiency" not in record else {"ac_efficiency": record["ac_efficiency"]}
+    if narrow is not None:
+        values.update({f"narrow.{k}": narrow.get(k) for k in ("held", "efficiency")}
+                      if isinstance(narrow, dict) else {"narrow": narrow})
+    bad = [f"{k} = {v!r}" for k, v in values.items() if not (
+        isinstance(v, (int, float)) and math.isfinite(v) and v > 0)]
+    if bad:
+        raise ValueError(f"--calibration {path}: {', '.join(bad)}: each must be a number > 0; "
+                         "write the file again with python -m subnetdp.estimate.calibrate")
     return dict(record)
 
 

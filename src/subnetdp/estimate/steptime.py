@@ -21,7 +21,9 @@
   bytes can exceed the counted ones: gloo runs ``reduce_scatter_tensor`` as an all-reduce of the
   whole tensor (``ProcessGroupGloo::reduce_scatter_tensor_coalesced``: clone, all-reduce, keep
   one chunk), so ``WIRE`` doubles its share on gloo; FSDP runs ``runtime.ring``'s ring instead
-  (``BenchSpec.ring_reduce_scatter``, the default: ``RING_REDUCE_SCATTER_WIRE``).
+  (``BenchSpec.ring_reduce_scatter``, the default: ``RING_REDUCE_SCATTER_WIRE``). Backward
+  masking's refresh (bb-sdp, nb-sdp) is point to point: each unit's owner sends it to every
+  non-holder (``_with_refresh``), beyond ``estimate.comm``'s collective bytes.
 - **Overlap**: what hides behind compute. Bucketed all-reduces (DDP, SDP's reducer, ZeRO's
   reduce-scatters) are launched asynchronously, in order, as buckets complete during backward:
   a bucket is ready when backward has produced its last gradient (backward runs the output
@@ -32,8 +34,8 @@
   critical path. FSDP's all-gathers and reduce-scatters pipeline against forward and backward
   when adjacent blocks are prefetched (``fsdp_prefetch``, subnetdp's default) on backends with
   side streams (NCCL); on gloo they block (``FSDP_BLOCKING``): all of them are exposed.
-  ZeRO's all-gathers of updated parameters and ddp+zero1's broadcasts run after the optimizer
-  step: exposed.
+  ZeRO's all-gathers of updated parameters and ddp+zero1's broadcasts (one per parameter
+  tensor, as torch's ZeroRedundancyOptimizer sends them) run after the optimizer step: exposed.
 - **Shaped links**: a link with a token bucket (``Link.burst``: the emulated links' tbf) sends
   the first ``burst`` bytes after each idle gap at once; blocking calls separated by compute
   each start after such a gap.
@@ -44,10 +46,15 @@
   ``fsdp_call_s``) and added to compute once per call (n-sdp+fsdp before its parts were
   grouped per block: about a hundred calls per step on llama-tiny).
 
+- **What else the FLOP rate misses** (``terms``: ``ComputeTerms``): n-sdp's narrowed layers
+  run slower per FLOP than the full model's (narrower matrix products; the unnarrowed work
+  does not shrink) and a checkpointed step's recompute differs from its FLOPs; each a ratio
+  of FLOP rates measured on bare models (``estimate.calibrate``), applied to the rate.
+
 The model is calibrated, never fitted to the step times it predicts: ``rate`` from a matmul
-and a compute-only training step and ``call_s`` from tiny FSDP modules
-(``estimate.calibrate``), α and β of a link from a ping-pong and a large transfer (the
-emulated benchmark's probe).
+and a compute-only training step, ``call_s`` from tiny FSDP modules and ``terms`` from the
+narrowed and the checkpointed model (``estimate.calibrate``), α and β of a link from a
+ping-pong and a large transfer (the emulated benchmark's probe).
 """
 
 from __future__ import annotations
@@ -82,7 +89,7 @@ DDP_FIRST_BUCKET = 1 << 20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCK
 class Collective:
     """One kind of collective of one rank over one group, per step."""
 
-    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast
+    kind: str  # all_reduce | all_gather | reduce_scatter | broadcast | send (point to point)
     group: tuple[int, ...]
     payload: float  # bytes handed to the collective, per step (estimate.comm's)
     calls: int  # launches per step (buckets, FSDP modules): latency
@@ -91,8 +98,11 @@ class Collective:
 
     @property
     def ring_share(self) -> float:
-        """Fraction of the payload a rank sends in a ring."""
+        """Fraction of the payload a rank sends in a ring (a send: all of it, to
+        ``group[1]``)."""
         h = len(self.group)
+        if self.kind == "send":
+            return 1.0
         return (2 if self.kind == "all_reduce" else 1) * (h - 1) / h
 
     @property
@@ -133,19 +143,51 @@ def collectives(spec: BenchSpec, plan: Plan | None = None) -> list[list[Collecti
                     colls.append(Collective("all_gather", group, float((g - s) * gb), n,
                                             "backward", True))
             out[id(per_group)] = colls
-        return [out[id(e)] for e in elems]
+        return _with_refresh(spec, plan, [out[id(e)] for e in elems])
     records = analytic_comm(spec, plan)
     groups: dict[str, tuple[int, ...]] = {}  # one tuple per group: a world of 8,000 is big
     lists: dict[int, list[Collective]] = {}
+    # ddp+zero1: torch's ZeroRedundancyOptimizer broadcasts parameter by parameter
+    # (``_broadcast_params_from_rank`` without ``parameters_as_bucket_view``): one call each
+    tensors = (sum(1 for _ in meta_model(spec, check_seq=False)[1].parameters())
+               if any("broadcast" in rec["by_collective"] for rec in records[:1]) else 1)
     for rec in records:
         if id(rec) not in lists:
-            lists[id(rec)] = _rank_collectives(spec, rec, groups)
-    return [lists[id(rec)] for rec in records]
+            lists[id(rec)] = _rank_collectives(spec, rec, groups, tensors)
+    return _with_refresh(spec, plan, [lists[id(rec)] for rec in records])
+
+
+def _with_refresh(spec: BenchSpec, plan: Plan | None,
+                  lists: list[list[Collective]]) -> list[list[Collective]]:
+    """``lists`` with backward masking's refresh (bb-sdp, nb-sdp; ``runtime.refresh``): before
+    the forward after every ``refresh_every``-th step, each unit's owner (its lowest-ranked
+    holder) sends the unit's parameters to every rank that does not hold it, point to point
+    and blocking. Per owner one send per receiver (exposed, after the optimizer step); the
+    other ranks of the owner's plan row keep the shared list. Point to point: outside
+    ``estimate.comm``'s collective bytes."""
+    if not (spec.is_sdp and spec.strategy_value.backward_masked):
+        return lists
+    if plan is None:
+        recipe, meta = meta_model(spec, check_seq=False)
+        plan = make_bench_plan(spec, meta, recipe)
+    sends: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for u in range(plan.num_units):
+        holders = set(plan.holders(u))
+        nbytes = plan.units[u].size * spec.param_bytes / spec.refresh_every
+        for dst in range(spec.world):
+            if dst not in holders:
+                sends[plan.owner(u)][dst] += nbytes
+    out = list(lists)
+    for owner, per_dst in sends.items():
+        out[owner] = lists[owner] + [Collective("send", (owner, dst), b, 1, "after")
+                                     for dst, b in sorted(per_dst.items())]
+    return out
 
 
 def _rank_collectives(spec: BenchSpec, rec: dict[str, Any],
-                      groups: dict[str, tuple[int, ...]]) -> list[Collective]:
-    """One rank's collectives from its ``analytic_comm`` record (no FSDP)."""
+                      groups: dict[str, tuple[int, ...]], tensors: int) -> list[Collective]:
+    """One rank's collectives from its ``analytic_comm`` record (no FSDP); ``tensors``: the
+    broadcasts of ddp+zero1, one per parameter tensor."""
     cap = spec.bucket_cap_mb * 2**20
     colls = []
     by_coll = rec["by_collective"]
@@ -157,7 +199,7 @@ def _rank_collectives(spec: BenchSpec, rec: dict[str, Any],
             ar = by_coll["all_reduce"]["payload"]
             colls += [Collective("all_reduce", group, ar, _buckets(ar, cap, first=True),
                                  "backward"),
-                      Collective("broadcast", group, g["payload"] - ar, 1, "after")]
+                      Collective("broadcast", group, g["payload"] - ar, tensors, "after")]
         elif "reduce_scatter+all_gather" in by_coll:  # ZeRO in holder groups
             n = _buckets(g["payload"], cap)
             colls += [Collective("reduce_scatter", group, g["payload"], n, "backward"),
@@ -223,6 +265,39 @@ class RankFlops:
             done += self.unit_backward[u]
             out[u] = done / total
         return out
+
+
+def held_fraction(flops: RankFlops, costs: ModelCosts) -> float:
+    """The share of the units' forward FLOPs ``flops``'s rank runs (n-sdp: its held width)."""
+    units = sum(u.fwd_flops for u in costs.units)
+    return (flops.forward - costs.shared.fwd_flops) / units if units else 1.0
+
+
+@dataclass(frozen=True)
+class ComputeTerms:
+    """What the FLOP rate misses, each measured by ``estimate.calibrate`` on bare models
+    against the full model's step (1.0: not measured, the FLOP rate alone):
+
+    - ``narrow_efficiency``: the FLOP rate of n-sdp's narrowed rank (``narrow_held`` of every
+      layer's width) over the full model's: narrower matrix products run slower per FLOP, and
+      the unnarrowed work (norms, embedding, the optimizer over the shared part) does not
+      shrink. At another held fraction h: linear in h between 1 (h = 1) and the measured point,
+      the measured value below it.
+    - ``ac_efficiency``: the FLOP rate of the step with every block checkpointed (its FLOPs
+      counting the recompute) over the full model's: recompute saves activations again and
+      runs the non-matmul work twice.
+    """
+
+    narrow_held: float = 1.0
+    narrow_efficiency: float = 1.0
+    ac_efficiency: float = 1.0
+
+    def narrow(self, held: float) -> float:
+        """The rate factor of a rank whose layers are narrowed to ``held`` of their width."""
+        if self.narrow_held >= 1.0 or held >= 1.0:
+            return 1.0
+        t = min(1.0, (1.0 - held) / (1.0 - self.narrow_held))
+        return 1.0 + t * (self.narrow_efficiency - 1.0)
 
 
 def rank_flops(spec: BenchSpec, costs: ModelCosts, plan: Plan | None) -> list[RankFlops]:
@@ -360,14 +435,16 @@ class StepTime:
 def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str = "nccl",
                  costs: ModelCosts | None = None, overlap: bool = True,
                  plan: Plan | None = None,
-                 colls: list[list[Collective]] | None = None, call_s: float = 0.0) -> StepTime:
+                 colls: list[list[Collective]] | None = None, call_s: float = 0.0,
+                 terms: ComputeTerms | None = None) -> StepTime:
     """The model's step time of ``spec`` on ``cluster`` (``cluster.world`` must be
     ``spec.world``) at ``rate`` model FLOP/s per rank; ``costs``: the recipe's at the spec's
     batch and sequence (measured when not given); ``overlap=False``: every collective on the
     critical path. ``plan`` (SDP) and ``colls`` (``collectives(spec)``): computed once by a
     caller that predicts one spec on several clusters. ``call_s``: the host time of one FSDP
     collective call beyond its bytes (hooks, copy-in/out, the holders' rendezvous), measured
-    by ``estimate.calibrate`` (``fsdp_call_s``): part of compute, once per call."""
+    by ``estimate.calibrate`` (``fsdp_call_s``): part of compute, once per call. ``terms``:
+    the rest of what the FLOP rate misses (``ComputeTerms``), measured by the same tool."""
     if cluster.world != spec.world:
         raise ValueError(f"the cluster has {cluster.world} ranks, the spec {spec.world}")
     if rate <= 0:
@@ -381,6 +458,7 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
             plan = make_bench_plan(spec, meta, recipe)
     flops = rank_flops(spec, costs, plan)
     slowest = max(flops, key=lambda f: f.total)
+    rate *= _efficiency(spec, terms or ComputeTerms(), held_fraction(slowest, costs))
     fwd_s, bwd_s = slowest.forward / rate, (slowest.backward + slowest.recompute) / rate
     colls = colls if colls is not None else collectives(spec)
     if call_s:  # what the FLOP rate misses: FSDP's host time per call (module docstring)
@@ -401,20 +479,32 @@ def predict_step(spec: BenchSpec, cluster: Cluster, *, rate: float, backend: str
         exposed["backward reduce"] = t if not overlap else max(
             bucket_exposed(t, bwd_s, reduce_buckets(spec, costs, plan, f, cs, wire))
             for f, cs in cases.values())
-    # after the optimizer step (ZeRO's gathers, ddp+zero1's broadcasts): exposed
+    # after the optimizer step (ZeRO's gathers, ddp+zero1's broadcasts, backward masking's
+    # refresh before the next forward): exposed
     for name, kinds in (("gather", ("all_gather",)), ("reduce", ("broadcast", "all_reduce",
-                                                                  "reduce_scatter"))):
+                                                                  "reduce_scatter")),
+                        ("refresh", ("send",))):
         after = _part(colls, lambda c, kinds=kinds: c.phase == "after" and c.kind in kinds)
         if any(after):
             comm[f"after {name}"] = exposed[f"after {name}"] = _phase_time(cluster, after, wire)
     tokens = spec.world * spec.batch * (costs.seq or 1)
     rows = {id(cs): cs for cs in colls}.values()  # one list per plan row
-    ring = {id(cs): sum(c.ring_bytes for c in cs) for cs in rows}
+    ring = {id(cs): sum(c.ring_bytes for c in cs if c.kind != "send") for cs in rows}
     sent = {id(cs): sum(c.ring_bytes * wire.get(c.kind, 1.0) for c in cs) for cs in rows}
     return StepTime(
         compute_s=fwd_s + bwd_s, comm_s=comm, exposed_s=exposed,
         ring_bytes=[ring[id(cs)] for cs in colls], wire_bytes=[sent[id(cs)] for cs in colls],
         flops=flops, tokens=tokens)
+
+
+def _efficiency(spec: BenchSpec, terms: ComputeTerms, held: float) -> float:
+    """The factor on the FLOP rate of ``spec``'s slowest rank (``ComputeTerms``): n-sdp's
+    narrowed layers (forward-masked neuron splits; backward masking runs every layer whole)
+    and activation checkpointing."""
+    s = spec.strategy_value
+    narrowed = s.is_sdp and s.splits_layers and not s.backward_masked
+    return ((terms.narrow(held) if narrowed else 1.0)
+            * (terms.ac_efficiency if spec.uses_ac else 1.0))
 
 
 def with_local_steps(st: StepTime, spec: BenchSpec, cluster: Cluster, *, every: int,
