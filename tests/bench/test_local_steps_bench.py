@@ -10,6 +10,7 @@ is the window's mean."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,3 +82,22 @@ def test_bad_windows_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bench memory does not model local steps" in err[0], err
 
+
+
+DOCUMENTED = ("subnetdp bench step --nproc 4 --batch-size 4 --seq-len 128 --strategies ddp,b-sdp "
+              "--coverage 0.5 --sync-every 32 --steps 32 --link 20mbit --nodes 2")
+
+
+def test_bench_step_flags_reach_the_spec() -> None:
+    """docs/benchmarks.md's ``bench step --sync-every`` line (shown, not run: it needs root)
+    makes the specs the campaign times (benchmarks/local_steps.py); fragments and the wire
+    dtype reach them too."""
+    from subnetdp.commands import bench_cmd
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    assert DOCUMENTED in page
+    for extra, label in (([], ""), (["--sync-fragments", "4", "--outer-dtype", "bf16"], "/4")):
+        args = cli.build_parser().parse_args([*DOCUMENTED.split()[1:], *extra])
+        specs = [bench_cmd._spec(args, s, in_list=True) for s in args.strategies]
+        assert [s.label for s in specs] == [f"ddp H=32{label}", f"b-sdp (C=0.5) H=32{label}"]
+        assert {s.outer_dtype for s in specs} == {"bf16" if extra else None}
