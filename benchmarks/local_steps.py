@@ -261,7 +261,7 @@ def report() -> None:
              "", *_targets(rows, ddp), "", f"![loss against wall-clock]({PNG.name})", "",
              *_notes(data)]
     DOC.write_text("\n".join(lines) + "\n")
-    _plot(rows)
+    _plot(rows, target)
 
 
 def _intro(ddp: dict[str, Any] | None, target: float | None, spread: float) -> list[str]:
@@ -409,7 +409,7 @@ def _notes(data: dict[str, Any]) -> list[str]:
             "- Not run (time): " + ("; ".join(missing + untimed) or "nothing") + ".", ""]
 
 
-def _plot(rows: dict[str, Any]) -> None:
+def _plot(rows: dict[str, Any], target: float | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -424,6 +424,8 @@ def _plot(rows: dict[str, Any]) -> None:
             curve = _mean_curve(r["curves"])
             ax.plot([s * t["step_s"] for s, _, _ in curve], [m for _, m, _ in curve],
                     marker=".", label=label)
+        if target is not None:
+            ax.axhline(target, color="gray", linestyle=":", label="DDP's final loss")
         ax.set(xlabel="wall-clock (s, from the timed step)", ylabel="val loss", title=title,
                xscale="log")
         if ax.lines:
