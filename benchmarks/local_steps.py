@@ -363,9 +363,11 @@ def _targets(rows: dict[str, Any], ddp: dict[str, Any] | None) -> list[str]:
                    "timed): the wall-clock target is NOT met.")
     short = [f"{label}: {statistics.fmean(r['val_loss']):.3f} after "
              f"{r['timed'][key]['step_s'] * r['steps'] / (base['step_s'] * STEPS):.3f} of DDP's "
-             f"wall-clock ({r['seeds']} seeds)" for label, r in rows.items()
+             f"wall-clock, {r['peak_mib'] / ddp['peak_mib']:.2f} of its memory, "
+             f"{r['seeds']} seeds" for label, r in rows.items()
              if r["strategy"] == "b-sdp" and r["sync_every"] > 1 and r["steps"] == FLOP_STEPS
-             and r["val_loss"] and r["reach_step"] is None and key in r["timed"] and base]
+             and r["val_loss"] and r["reach_step"] is None and key in r["timed"] and base
+             and ddp]
     if short:
         out.append(f"- Why not: with local steps, b-sdp runs its whole FLOP-matched budget "
                    f"fast but ends above DDP's final loss ({'; '.join(short)}). The loss "
