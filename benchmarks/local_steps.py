@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -122,7 +123,9 @@ def quality() -> None:
                       f"seed {seed}", flush=True)
                 subprocess.run([sys.executable, "-c", CLI,
                                 *train_args(strategy, h, out, steps, seed), "--eval-every",
-                                str(EVAL_EVERY), "--eval-batches", str(EVAL_BATCHES)],
+                                # evaluations at syncs: the holders' common model
+                                str(math.lcm(EVAL_EVERY, h)), "--eval-batches",
+                                str(EVAL_BATCHES)],
                                check=True, env=_env())
 
 
