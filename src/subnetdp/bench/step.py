@@ -10,6 +10,10 @@ and the bytes the reducers counted (``metrics.comm.comm_record``). With ``comput
 same workers then time every strategy again over torch's fake process group (communication
 off); with ``network=`` they run on an emulated network (``bench.netem``) and measure its link
 first.
+
+Local steps (``spec.sync_every`` H > 1, ``runtime.local_steps``): the warm-up ends a sync
+window, the timed steps are whole windows (``steps`` a multiple of H), and a step's time is its
+window's mean, the sync amortised over the window.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from subnetdp.bench.netem import Layout, Placement, run_emulated
-from subnetdp.estimate.spec import BenchSpec, build_rank, lm_step, vocab_size
+from subnetdp.estimate.spec import BenchSpec, build_rank, lm_step, vocab_size, with_local_steps
 from subnetdp.metrics.comm import comm_record
 from subnetdp.metrics.memory import measure_step_memory
 
@@ -34,10 +38,13 @@ MIN_WARMUP = 3
 def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
                  rank: int, world: int, *, measure_memory: bool = True) -> dict[str, Any]:
     """Body of one worker (process group already up); results keyed by ``spec.label``.
-    ``measure_memory=False``: the last warm-up step is timed like the others, not measured."""
+    ``measure_memory=False``: the last warm-up step is timed like the others, not measured.
+    Bytes are the timed steps' (with local steps: whole windows)."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else (
         torch.device("cpu"))
-    built = {s.label: build_rank(s, device=dev) for s in specs}
+    # local steps: started so that the warm-up ends a window
+    built = {s.label: with_local_steps(s, build_rank(s, device=dev),
+                                       start=-warmup % s.sync_every) for s in specs}
     vocab = vocab_size(specs[0])
     g = torch.Generator().manual_seed(1000 + rank)
     times: dict[str, list[float]] = {k: [] for k in built}
@@ -46,6 +53,9 @@ def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
     for step in range(warmup + steps):
         tokens = torch.randint(0, vocab, (specs[0].batch, specs[0].seq + 1), generator=g).to(dev)
         order = labels[step % len(labels):] + labels[: step % len(labels)]
+        if step == warmup:
+            for b in built.values():
+                b.rank.comm_stats.by_group.clear()
         for label in order:
             b = built[label]
             if measure_memory and step == warmup - 1:
@@ -66,7 +76,7 @@ def bench_worker(specs: list[BenchSpec], steps: int, warmup: int, device: str,
         "rank": rank,
         "times": times,
         "memory": memory,
-        "comm": {k: comm_record(b.rank.comm_stats, steps=warmup + steps)
+        "comm": {k: comm_record(b.rank.comm_stats, steps=steps)
                  for k, b in built.items()},
         "params_held": {k: b.rank.params_held for k, b in built.items()},
     }
@@ -151,6 +161,9 @@ def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 3,
                          "composition, coverage); e.g. run one dtype per benchmark")
     if steps < 1:
         raise ValueError(f"--steps must be >= 1 (timed steps), got {steps}")
+    if bad := [s.sync_every for s in specs if steps % s.sync_every]:
+        raise ValueError(f"--steps ({steps}) must be a multiple of --sync-every ({bad[0]}): "
+                         "the timed steps are whole sync windows")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available on this machine; use --device "
                          "cpu")
@@ -171,18 +184,25 @@ def run_step_bench(specs: list[BenchSpec], *, steps: int = 10, warmup: int = 3,
     return out
 
 
+def windows(times: list[float], every: int) -> list[float]:
+    """Step seconds as each sync window's mean (H = 1: the steps themselves): a window's steps
+    are cheap but its syncing ones, which a median of steps would drop."""
+    return [statistics.fmean(times[i : i + every]) for i in range(0, len(times), every)]
+
+
 def summarise(specs: list[BenchSpec], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for s in specs:
-        k = s.label
-        all_t = [t for r in per_rank for t in r["times"][k]]
+        k, h = s.label, s.sync_every
+        all_t = [t for r in per_rank for t in windows(r["times"][k], h)]
         mems = [r["memory"][k] for r in per_rank]
         worst = max(mems, key=lambda m: m["peak_bytes"])
         comms = [r["comm"][k] for r in per_rank]
         rows[k] = {
             "spec": asdict(s),
             "median_step_s": statistics.median(all_t) if all_t else float("nan"),
-            "slowest_rank_median_s": max(statistics.median(r["times"][k]) for r in per_rank)
+            "slowest_rank_median_s": max(statistics.median(windows(r["times"][k], h))
+                                         for r in per_rank)
             if all_t else float("nan"),
             "measured_peak_bytes": worst["peak_bytes"],
             "measured_breakdown": worst["breakdown"],
@@ -193,7 +213,8 @@ def summarise(specs: list[BenchSpec], per_rank: list[dict[str, Any]]) -> dict[st
             "params_held": [r["params_held"][k] for r in per_rank],
         }
         if "compute_times" in per_rank[0]:
-            compute = statistics.median(t for r in per_rank for t in r["compute_times"][k])
+            compute = statistics.median(t for r in per_rank
+                                        for t in windows(r["compute_times"][k], h))
             rows[k]["compute_step_s"] = compute
             rows[k]["exposed_comm_s"] = rows[k]["median_step_s"] - compute
     base = rows.get("ddp")

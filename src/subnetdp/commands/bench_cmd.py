@@ -7,6 +7,7 @@
     subnetdp bench step   --recipe llama-tiny --nproc 4 --batch-size 8 --seq-len 128 \\
         [--strategies ddp,b-sdp,...] [--coverage 0.5] [--steps 10] [--warmup 3] [--json]
         [--compute] [--link 300mbit[,latency=1ms] [--nodes 2]]
+        [--sync-every H [--sync-fragments F] [--outer-dtype bf16]]
     subnetdp bench all    (memory and comm for every strategy, one table)
 
 ``memory`` runs one real step per distinct plan row under fake tensors and a fake process group
@@ -15,6 +16,8 @@
 the difference); ``--link`` runs them on an emulated network (root and iproute2: private
 network namespaces throttled with ``tc``, ``bench.netem``), one shared link, or with ``--nodes
 K`` K nodes whose ranks share a fast local link and reach the others through the ``--link``.
+``--sync-every H`` times local steps (``train --sync-every``): ``--steps`` whole windows'
+worth of steps, each step its window's mean (the sync amortised).
 ``--strategy`` takes a strategy or a composed name (``fsdp+ac``, ``b-sdp+fsdp``); ``--fsdp``/
 ``--ac``/``--zero`` compose it as in ``train`` (``--strategy ddp --fsdp --ac`` is ``fsdp+ac``,
 ``--strategy ddp --zero 1`` is ``ddp+zero1``, torch's ZeroRedundancyOptimizer). In lists
@@ -38,7 +41,8 @@ from subnetdp.commands.options import (
 
 # the run options a benchmark is made of (train.options), each as train spells it
 OPTIONS = ("recipe", "model_args", "nproc", "strategy", "coverage", "batch_size", "seq_len",
-           "dtype", "fsdp", "ac", "zero", "device")
+           "dtype", "fsdp", "ac", "zero", "device", "sync_every", "sync_fragments",
+           "outer_dtype")
 # a strategy or a composed name (fsdp+ac, b-sdp+fsdp)
 LABELS = {"strategy": {"type": strategy_label, "choices": None, "metavar": "STRATEGY"}}
 
@@ -56,7 +60,8 @@ def add_parser(subparsers: Any) -> None:
     own.add_argument("--strategies", type=strategy_list,
                      help="step/all: comma-separated, as --strategy (default: all of them)")
     own.add_argument("--steps", dest="timed_steps", type=int, default=10,
-                     help="step: timed steps after warm-up")
+                     help="step: timed steps after warm-up (with --sync-every H: a multiple "
+                          "of H)")
     own.add_argument("--warmup", dest="warmup_steps", type=int, default=3,
                      help="step: warm-up steps (>= 3; the last one is the memory step)")
     own.add_argument("--compute", action="store_true",
@@ -83,7 +88,9 @@ def _spec(args: argparse.Namespace, text: str, *, in_list: bool = False) -> Any:
 
     spec = BenchSpec(recipe=args.recipe, strategy=text, world=args.nproc,
                      batch=args.batch_size, seq=args.seq_len, dtype=args.dtype,
-                     model_args=tuple(parse_model_arg(a) for a in args.model_args))
+                     model_args=tuple(parse_model_arg(a) for a in args.model_args),
+                     sync_every=args.sync_every, sync_fragments=args.sync_fragments,
+                     outer_dtype=args.outer_dtype)
     if not spec.is_sdp and in_list:
         return spec
     comp = spec.composition()
@@ -176,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
     from subnetdp.distributed.launch import WorkerFailedError
 
     try:
+        if args.what != "step" and (args.sync_every, args.sync_fragments,
+                                    args.outer_dtype) != (1, 1, None):
+            raise ValueError(f"bench {args.what} does not model local steps; --sync-every, "
+                             "--sync-fragments and --outer-dtype are bench step's (plan "
+                             "cluster predicts their step time)")
         if args.what == "memory":
             data, text = _memory(args)
         elif args.what == "comm":

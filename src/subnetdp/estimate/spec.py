@@ -21,6 +21,7 @@ fake process group (the memory estimator): see ``parallelize``'s ``fake``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
@@ -28,19 +29,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from subnetdp.models import Recipe, get_recipe
-from subnetdp.parallelize import compute_dtype, parallelize, storage_dtype
+from subnetdp.parallelize import _TORCH_DTYPES, compute_dtype, parallelize, storage_dtype
 from subnetdp.plan import Plan
 from subnetdp.plan.objectives import DEFAULT_BALANCE
+from subnetdp.runtime.local_steps import LocalSteps, local_steps_problems
 from subnetdp.runtime.optim import fast_path
 from subnetdp.runtime.rank import RankModel
 from subnetdp.strategy import (
     BASELINES,
     DTYPES,
+    REDUCE_DTYPES,
     SDP_NAMES,
     Composition,
     PlanSpec,
@@ -105,6 +109,11 @@ class BenchSpec:
     # holder groups split from the world communicator share its buffers
     # (NCCL_COMM_SPLIT_SHARE_RESOURCES=1; estimate.communicators.split_shared)
     comm_split_shared: bool = False
+    # local steps (runtime.local_steps, --sync-every H): measured by bench step only, whose
+    # timed steps are whole sync windows
+    sync_every: int = 1
+    sync_fragments: int = 1
+    outer_dtype: str | None = None
 
     def __post_init__(self) -> None:
         _ = self.rank  # decoded and checked now: a bad spec fails where it is made
@@ -139,6 +148,13 @@ class BenchSpec:
                              f"name ({', '.join(BASELINES)}), not {self.strategy!r} + flags")
         comp = composition_of(self).replace(fsdp=self.fsdp or named.fsdp,
                                             ac=self.ac or named.ac, zero=self.zero or named.zero)
+        problems = local_steps_problems(self.sync_every, self.sync_fragments, zero=comp.zero,
+                                        fsdp=comp.fsdp)
+        if self.outer_dtype not in (None, *REDUCE_DTYPES):
+            problems.append(f"--outer-dtype must be one of {', '.join(REDUCE_DTYPES)}, got "
+                            f"{self.outer_dtype!r}")
+        if problems:
+            raise ValueError(problems[0])
         return RankSpec(strategy, comp)
 
     @property
@@ -197,7 +213,10 @@ class BenchSpec:
 
     @property
     def label(self) -> str:
-        return self.rank.label(self.coverage)
+        """The strategy's label; with local steps, its window (and fragments) too."""
+        local = "" if self.sync_every == 1 else f" H={self.sync_every}" + (
+            f"/{self.sync_fragments}" if self.sync_fragments > 1 else "")
+        return self.rank.label(self.coverage) + local
 
     def replace(self, **changes: Any) -> BenchSpec:
         return dataclasses.replace(self, **changes)
@@ -224,6 +243,7 @@ class Built:
     rank: RankModel
     optimizer: torch.optim.Optimizer
     plan: Plan | None
+    local: LocalSteps | None = None  # the outer loop of --sync-every H (``with_local_steps``)
 
 
 def meta_model(spec: BenchSpec, *, check_seq: bool = True) -> tuple[Recipe, nn.Module]:
@@ -271,6 +291,24 @@ def build_rank(
     return Built(rank, optimizer_for(rank, recipe, device=device), plan)
 
 
+def with_local_steps(spec: BenchSpec, built: Built, *, start: int) -> Built:
+    """``built`` with the outer loop of ``spec.sync_every`` (``runtime.local_steps``, as
+    ``train`` builds it), ``start`` inner steps into its first window (a benchmark aligns its
+    timed steps with whole windows); unchanged at H = 1."""
+    if spec.sync_every == 1:
+        return built
+    plan = built.plan
+    if plan is None:  # a baseline: the everyone-holds-everything plan (plain DiLoCo)
+        recipe, meta = meta_model(spec)
+        plan = make_bench_plan(spec, meta, recipe)
+    local = LocalSteps(built.rank.sync_layout(), plan, built.optimizer, built.rank.comm_stats,
+                       rank=dist.get_rank(), every=spec.sync_every, start=start,
+                       dtype=_TORCH_DTYPES[spec.outer_dtype] if spec.outer_dtype else None,
+                       fragments=spec.sync_fragments,
+                       bucket_cap_bytes=int(spec.bucket_cap_mb * 2**20))
+    return dataclasses.replace(built, local=local)
+
+
 def optimizer_for(rank: RankModel, recipe: Recipe, *,
                   device: torch.device | str = "cpu") -> torch.optim.Optimizer:
     """The recipe's optimizer over this rank's parameters (sharded under zero: runtime.zero;
@@ -304,11 +342,15 @@ def train_step(
     ``[batch, seq]`` or image labels ``[batch]``. ``after_step`` runs after ``optimizer.step()``
     and before gradients are released (the estimator reads the state bytes there).
     """
-    model, opt = built.rank.model, built.optimizer
-    logits = model(inputs)  # mixed precision is inside (parallelize)
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
-    loss.backward()
+    model, opt, local = built.rank.model, built.optimizer, built.local
+    with contextlib.nullcontext() if local is None else local.inner(model):
+        logits = model(inputs)  # mixed precision is inside (parallelize)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                               targets.reshape(-1))
+        loss.backward()
     opt.step()
+    if local is not None:
+        local.after_step()
     if after_step is not None:
         after_step()
     opt.zero_grad(set_to_none=True)

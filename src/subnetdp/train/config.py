@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.plan.objectives import parse_balance
+from subnetdp.runtime.local_steps import local_steps_problems
 from subnetdp.strategy import REDUCE_DTYPES
 from subnetdp.train.applies import applies, check_applicable
 from subnetdp.train.options import TrainOptions, declared
@@ -167,9 +168,10 @@ class TrainConfig(TrainOptions):
 
     def _validate_local_steps(self, bad: Any) -> None:
         """--sync-every and the outer step's options (runtime/local_steps.py)."""
-        h, f = self.sync_every, self.sync_fragments
-        if h < 1 or f < 1 or h % f:
-            bad(f"--sync-every ({h}) must be >= 1 and a multiple of --sync-fragments ({f})")
+        h = self.sync_every
+        for problem in local_steps_problems(h, self.sync_fragments, zero=self.zero,
+                                            fsdp=self.fsdp):
+            bad(problem)
         if not (math.isfinite(self.outer_lr) and self.outer_lr > 0
                 and 0 <= self.outer_momentum < 1):
             bad(f"--outer-lr must be > 0 and --outer-momentum in [0, 1), got "
@@ -179,10 +181,6 @@ class TrainConfig(TrainOptions):
                 f"{self.outer_dtype!r}")
         if h == 1:
             return
-        for name, on in (("--zero", self.zero), ("--fsdp", self.fsdp)):
-            if on:
-                bad(f"{name} shards a unit over its holders, who train apart between syncs "
-                    f"with --sync-every {h}: drop {name}, or --sync-every")
         if self.eval_every % h:  # the model evaluated is the holders' common one
             bad(f"--eval-every ({self.eval_every}) must be a multiple of --sync-every ({h})")
         every = h * self.refresh_every

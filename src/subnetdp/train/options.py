@@ -131,6 +131,7 @@ _ALL: tuple[Command, ...] = ("train", "plan", "bench")
 _HELD_PLAN = "SDP strategies without --plan-file"
 _LOCAL = "local steps (--sync-every > 1)"
 _NEURON = "neuron-level strategies"
+_LOCAL_CMDS: tuple[Command, ...] = ("train", "bench")  # bench step times a run's windows
 _LM = "language-model recipes"
 _TP: tuple[Command, ...] = ("train", "plan")
 # plan's jobs that estimate a run: at micro-batch 1 x 2048 tokens unless told
@@ -300,17 +301,19 @@ class TrainOptions:
     sync_every: int = option(
         1, "optimizer", "local steps (SDP x DiLoCo): each worker takes H steps alone, then "
         "each unit's holders average their weight changes in an outer Nesterov step "
-        "(1: every step; docs/strategies.md)", metavar="H")
+        "(1: every step; docs/strategies.md)", metavar="H", commands=_LOCAL_CMDS)
     outer_lr: float = option(0.7, "optimizer", "with --sync-every: the outer step's learning "
                              "rate", where=_LOCAL)
     outer_momentum: float = option(0.9, "optimizer", "with --sync-every: the outer step's "
                                    "Nesterov momentum", where=_LOCAL)
     outer_dtype: str | None = option(
         None, "optimizer", "with --sync-every: the dtype the averaged weight changes travel "
-        "in", choices=REDUCE_DTYPES, default_note="the parameters'", where=_LOCAL)
+        "in", choices=REDUCE_DTYPES, default_note="the parameters'", where=_LOCAL,
+        commands=_LOCAL_CMDS)
     sync_fragments: int = option(
         1, "optimizer", "with --sync-every H: sync F fragments of the model at staggered "
-        "steps, one every H/F steps (H a multiple of F)", metavar="F", where=_LOCAL)
+        "steps, one every H/F steps (H a multiple of F)", metavar="F", where=_LOCAL,
+        commands=_LOCAL_CMDS)
     # -- schedule
     steps: int = option(300, "schedule", "training steps", on_resume="change")
     warmup: int | None = option(None, "schedule", "linear learning-rate warm-up steps",
