@@ -214,6 +214,20 @@ class Composition:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
+def local_steps_problems(every: int, fragments: int, *, zero: int, fsdp: bool) -> list[str]:
+    """What a run (``train.config``) or a benchmark (``estimate.spec.BenchSpec``) with
+    ``--sync-every every --sync-fragments fragments`` cannot do, one line each (local steps:
+    ``runtime.local_steps``; here, where a check needs no torch)."""
+    if every < 1 or fragments < 1 or every % fragments:
+        return [f"--sync-every ({every}) must be >= 1 and a multiple of --sync-fragments "
+                f"({fragments})"]
+    if every == 1:
+        return []
+    return [f"{name} shards a unit over its holders, who train apart between syncs with "
+            f"--sync-every {every}: drop {name}, or --sync-every"
+            for name, on in (("--zero", zero), ("--fsdp", fsdp)) if on]
+
+
 def label(strategy: Strategy, comp: Composition, coverage: float | None = None) -> str:
     """A run's or a benchmark row's name: ``ddp``, ``ddp+ac``, ``fsdp``, ``fsdp+ac``,
     ``ddp (default buckets)``, ``b-sdp+fsdp+ac (C=0.5)``."""

@@ -72,7 +72,6 @@ def _variants(recipe_name: str, batch: int, seq: int, nproc: int, coverage: floa
     (``steptime.held_fraction``)."""
     import torch
 
-    from subnetdp.estimate.advisor import candidates
     from subnetdp.estimate.spec import BenchSpec, make_bench_plan, meta_model
     from subnetdp.estimate.steptime import held_fraction, rank_flops
     from subnetdp.runtime.checkpointing import checkpoint_blocks
@@ -85,8 +84,8 @@ def _variants(recipe_name: str, batch: int, seq: int, nproc: int, coverage: floa
 
     base = BenchSpec(recipe_name, "ddp", nproc, batch, seq)
     # n-sdp needs two ranks: one process measures the narrowed rank of two
-    (nsdp,) = candidates(base.replace(world=max(nproc, 2)), (coverage,), ("n-sdp",))
-    (ac,) = candidates(base, (coverage,), ("ddp+ac",))
+    nsdp = base.replace(strategy="n-sdp", world=max(nproc, 2), coverage=coverage)
+    ac = base.replace(strategy="ddp+ac")
     recipe, narrow_meta = meta_model(nsdp, check_seq=False)
     costs = recipe_costs(recipe, batch=batch, seq=seq)
     torch.manual_seed(0)

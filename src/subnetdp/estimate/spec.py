@@ -38,7 +38,7 @@ from subnetdp.models import Recipe, get_recipe
 from subnetdp.parallelize import _TORCH_DTYPES, compute_dtype, parallelize, storage_dtype
 from subnetdp.plan import Plan
 from subnetdp.plan.objectives import DEFAULT_BALANCE
-from subnetdp.runtime.local_steps import LocalSteps, local_steps_problems
+from subnetdp.runtime.local_steps import LocalSteps
 from subnetdp.runtime.optim import fast_path
 from subnetdp.runtime.rank import RankModel
 from subnetdp.strategy import (
@@ -51,6 +51,7 @@ from subnetdp.strategy import (
     RankSpec,
     Strategy,
     composition_of,
+    local_steps_problems,
     parse_label,
 )
 from subnetdp.subnet.planning import build_plan

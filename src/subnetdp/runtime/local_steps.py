@@ -74,19 +74,6 @@ class _Bucket:
         return len(self.spec.holders)
 
 
-def local_steps_problems(every: int, fragments: int, *, zero: int, fsdp: bool) -> list[str]:
-    """What a run (``train.config``) or a benchmark (``estimate.spec.BenchSpec``) with
-    ``--sync-every every --sync-fragments fragments`` cannot do, one line each."""
-    if every < 1 or fragments < 1 or every % fragments:
-        return [f"--sync-every ({every}) must be >= 1 and a multiple of --sync-fragments "
-                f"({fragments})"]
-    if every == 1:
-        return []
-    return [f"{name} shards a unit over its holders, who train apart between syncs with "
-            f"--sync-every {every}: drop {name}, or --sync-every"
-            for name, on in (("--zero", zero), ("--fsdp", fsdp)) if on]
-
-
 def fragments_of(order: Sequence[Piece], fragments: int) -> list[list[Piece]]:
     """``order`` cut into ``fragments`` consecutive runs of about equal bytes (a piece goes
     where its middle byte falls; a piece larger than a share leaves a fragment empty)."""

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from subnetdp.plan.objectives import parse_balance
-from subnetdp.runtime.local_steps import local_steps_problems
-from subnetdp.strategy import REDUCE_DTYPES
+from subnetdp.strategy import REDUCE_DTYPES, local_steps_problems
 from subnetdp.train.applies import applies, check_applicable
 from subnetdp.train.options import TrainOptions, declared
 from subnetdp.train.options import default as option_default
