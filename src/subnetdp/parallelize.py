@@ -30,6 +30,7 @@ from torch import nn
 from subnetdp.plan import Plan, make_plan
 from subnetdp.runtime.checkpointing import checkpoint_blocks
 from subnetdp.runtime.compile import compile_blocks
+from subnetdp.runtime.local_steps import LocalSteps
 from subnetdp.runtime.rank import FSDPRank, RankModel, TorchDDPRank
 from subnetdp.strategy import HOLDER_REDUCER, Composition, RankSpec, Strategy
 from subnetdp.subnet.adapter import UnitAdapter
@@ -186,3 +187,15 @@ def _autocast_forward(model: nn.Module, dtype: torch.dtype) -> None:
             return inner(*args, **kwargs)
 
     model.forward = forward  # type: ignore[method-assign]
+
+
+def outer_loop(model: RankModel, plan: Plan, opt: torch.optim.Optimizer, *, every: int,
+               start: int, fragments: int, outer_dtype: str | None, bucket_cap_mb: float,
+               end: int | None = None, lr: float = 0.7, momentum: float = 0.9) -> LocalSteps:
+    """This rank's outer loop of ``--sync-every every`` (``runtime.local_steps``), as ``train``
+    and ``bench step`` build it, ``start`` inner steps into the run; ``outer_dtype``: the
+    ``--outer-dtype`` name (None: the parameters' dtype)."""
+    return LocalSteps(model.sync_layout(), plan, opt, model.comm_stats, rank=dist.get_rank(),
+                      every=every, start=start, end=end, lr=lr, momentum=momentum,
+                      dtype=_TORCH_DTYPES[outer_dtype] if outer_dtype else None,
+                      fragments=fragments, bucket_cap_bytes=int(bucket_cap_mb * 2**20))

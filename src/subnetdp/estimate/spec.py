@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from subnetdp.models import Recipe, get_recipe
-from subnetdp.parallelize import _TORCH_DTYPES, compute_dtype, parallelize, storage_dtype
+from subnetdp.parallelize import compute_dtype, outer_loop, parallelize, storage_dtype
 from subnetdp.plan import Plan
 from subnetdp.plan.objectives import DEFAULT_BALANCE
 from subnetdp.runtime.local_steps import LocalSteps
@@ -302,11 +301,9 @@ def with_local_steps(spec: BenchSpec, built: Built, *, start: int) -> Built:
     if plan is None:  # a baseline: the everyone-holds-everything plan (plain DiLoCo)
         recipe, meta = meta_model(spec)
         plan = make_bench_plan(spec, meta, recipe)
-    local = LocalSteps(built.rank.sync_layout(), plan, built.optimizer, built.rank.comm_stats,
-                       rank=dist.get_rank(), every=spec.sync_every, start=start,
-                       dtype=_TORCH_DTYPES[spec.outer_dtype] if spec.outer_dtype else None,
-                       fragments=spec.sync_fragments,
-                       bucket_cap_bytes=int(spec.bucket_cap_mb * 2**20))
+    local = outer_loop(built.rank, plan, built.optimizer, every=spec.sync_every, start=start,
+                       fragments=spec.sync_fragments, outer_dtype=spec.outer_dtype,
+                       bucket_cap_mb=spec.bucket_cap_mb)
     return dataclasses.replace(built, local=local)
 
 

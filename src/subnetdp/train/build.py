@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from subnetdp.filemode import write_atomic
 from subnetdp.models import Recipe
-from subnetdp.parallelize import _TORCH_DTYPES, parallelize
+from subnetdp.parallelize import outer_loop, parallelize
 from subnetdp.plan import Plan
 from subnetdp.runtime.local_steps import LocalSteps
 from subnetdp.runtime.optim import fast_path
@@ -127,12 +127,10 @@ def local_steps(cfg: TrainConfig, model: RankModel, plan: Plan, opt: torch.optim
     ``start``; None at H = 1, where every step averages gradients as before."""
     if cfg.sync_every == 1:
         return None
-    return LocalSteps(model.sync_layout(), plan, opt, model.comm_stats, rank=dist.get_rank(),
-                      every=cfg.sync_every, start=start, end=cfg.steps, lr=cfg.outer_lr,
-                      momentum=cfg.outer_momentum,
-                      dtype=_TORCH_DTYPES[cfg.outer_dtype] if cfg.outer_dtype else None,
-                      fragments=cfg.sync_fragments,
-                      bucket_cap_bytes=int(cfg.bucket_cap_mb * 2**20))
+    return outer_loop(model, plan, opt, every=cfg.sync_every, start=start, end=cfg.steps,
+                      lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                      fragments=cfg.sync_fragments, outer_dtype=cfg.outer_dtype,
+                      bucket_cap_mb=cfg.bucket_cap_mb)
 
 
 def save_plan(plan: Plan, path: Path) -> None:
