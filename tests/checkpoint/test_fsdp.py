@@ -13,7 +13,7 @@ import torch
 
 from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
 from subnetdp.cli import main
-from subnetdp.metrics.sinks import read_jsonl
+from tests.dist.runs import rank_losses
 from tests.workers import patch_workers
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
@@ -28,11 +28,6 @@ TINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "16", "--eva
 STEPS, EVERY = 4, 2
 
 
-def _losses(run: Path) -> list[list[float]]:
-    return [[r["loss"] for r in read_jsonl(run / "metrics" / f"rank{r}.jsonl")]
-            for r in range(WORLD)]
-
-
 def _final(run: Path) -> dict[str, torch.Tensor]:
     ckpt = list_checkpoints(run / "checkpoints")[-1]
     return assemble_full_state(ckpt, read_manifest(ckpt))
@@ -43,10 +38,10 @@ def test_fsdp_resume_is_exact(strategy: str, extra: list[str], tmp_path: Path) -
     run = tmp_path / strategy
     assert main(["train", *TINY, *extra, "--strategy", strategy, "--steps", str(STEPS),
                  "--ckpt-every", str(EVERY), "--out", str(run)]) == 0
-    losses, final = _losses(run), _final(run)
+    losses, final = rank_losses(run, WORLD), _final(run)
     assert [len(x) for x in losses] == [STEPS] * WORLD
     assert main(["train", "--resume", str(run / "checkpoints" / f"step_{EVERY:08d}")]) == 0
-    assert _losses(run) == losses
+    assert rank_losses(run, WORLD) == losses
     again = _final(run)
     assert again.keys() == final.keys()
     assert all(torch.equal(again[k], final[k]) for k in final)

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
+from subnetdp.checkpoint.files import list_checkpoints, read_manifest
 from subnetdp.checkpoint.reshard import PieceReader
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.plan import Plan, worker_bytes
 from subnetdp.runtime.local_steps import ANCHOR
+from tests.dist.runs import final_state, rank_losses
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -27,16 +28,6 @@ RUN = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "32", "--eval
        "--model-arg", "n_layers=4", "--model-arg", "dim=64", "--model-arg", "ffn_hidden=128",
        "--strategy", "b-sdp", "--coverage", "0.5", "--steps", "8", "--ckpt-every", "3",
        "--sync-every", str(EVERY), "--sync-fragments", "2", "--outer-dtype", "bf16"]
-
-
-def _losses(run: Path) -> list[list[float]]:
-    return [[r["loss"] for r in read_jsonl(run / "metrics" / f"rank{r}.jsonl")]
-            for r in range(WORLD)]
-
-
-def _final_state(run: Path) -> dict[str, torch.Tensor]:
-    ckpt = list_checkpoints(run / "checkpoints")[-1]
-    return assemble_full_state(ckpt, read_manifest(ckpt))
 
 
 def test_resume_mid_window_continues_bit_for_bit(tmp_path: Path) -> None:
@@ -50,14 +41,14 @@ def test_resume_mid_window_continues_bit_for_bit(tmp_path: Path) -> None:
         first, second = sent[1], sent[3]
         assert sent == [0, first, 0, second, 0, first, 0, first + second]
         assert first + second == worker_bytes(plan, rank, param_bytes=2).allreduce_payload
-    losses, final = _losses(run), _final_state(run)
+    losses, final = rank_losses(run, WORLD), final_state(run)
     # step 3: fragment 0 synced at step 2, fragment 1 is due at step 4
     again = Path(shutil.copytree(run, tmp_path / "again"))
     config = json.loads((again / "config.json").read_text())
     (again / "config.json").write_text(json.dumps({**config, "out": str(again)}))
     assert main(["train", "--resume", str(again / "checkpoints" / "step_00000003")]) == 0
-    assert _losses(again) == losses  # every rank's own copies came back, not its peers'
-    resumed = _final_state(again)
+    assert rank_losses(again, WORLD) == losses  # every rank's own copies came back, not its peers'
+    resumed = final_state(again)
     assert resumed.keys() == final.keys()
     assert all(torch.equal(resumed[k], final[k]) for k in final)
     # the outer state is sharded like the optimizer's: --reshard reads it for any plan (here,

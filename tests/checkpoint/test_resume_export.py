@@ -14,10 +14,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
+from subnetdp.checkpoint.files import list_checkpoints, read_manifest
 from subnetdp.cli import main
 from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.strategy import NAMES
+from tests.dist.runs import final_state, rank_losses
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(180)]
 
@@ -46,16 +47,6 @@ def bsdp_copy(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> Path:
     return Path(shutil.copytree(_run_dir("b-sdp", tmp_path_factory), tmp_path / "run"))
 
 
-def _losses(run: Path) -> list[list[float]]:
-    return [[r["loss"] for r in read_jsonl(run / "metrics" / f"rank{r}.jsonl")]
-            for r in range(WORLD)]
-
-
-def _final_state(run: Path) -> dict[str, torch.Tensor]:
-    ckpt = list_checkpoints(run / "checkpoints")[-1]
-    return assemble_full_state(ckpt, read_manifest(ckpt))
-
-
 def _snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -66,12 +57,12 @@ def test_resume_reproduces_the_uninterrupted_run(
     strategy: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
     run = Path(shutil.copytree(_run_dir(strategy, tmp_path_factory), tmp_path / "run"))
-    losses, final = _losses(run), _final_state(run)
+    losses, final = rank_losses(run, WORLD), final_state(run)
     assert [len(x) for x in losses] == [STEPS] * WORLD
     # Resume from the middle checkpoint: steps 3..5 run again from restored state.
     assert main(["train", "--resume", str(run / "checkpoints" / "step_00000003")]) == 0
-    assert _losses(run) == losses  # bit-identical losses, one line per step
-    again = _final_state(run)
+    assert rank_losses(run, WORLD) == losses  # bit-identical losses, one line per step
+    again = final_state(run)
     assert again.keys() == final.keys()
     assert all(torch.equal(again[k], final[k]) for k in final)
 

@@ -20,6 +20,7 @@ from subnetdp.cli import main
 from subnetdp.distributed.launch import free_port
 from subnetdp.metrics.sinks import rank_jsonl_path, read_jsonl, val_jsonl_path
 from subnetdp.metrics.tracking import GLOBAL_AVG_LOSS
+from tests.dist.runs import rank_losses
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(600)]
 STEPS = 4
@@ -31,10 +32,6 @@ WORDS = ["the", "king", "and", "queen", "walk", "to", "a", "river", "where", "ol
 def _docs(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(120)) + "." for _ in range(n)]
-
-
-def _losses(run: Path, world: int) -> list[list[float]]:
-    return [[r["loss"] for r in read_jsonl(rank_jsonl_path(run, r))] for r in range(world)]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +85,7 @@ def test_config_file_tensorboard_and_validation(base: Path) -> None:
 def test_replay_from_config_json(base: Path, tmp_path: Path) -> None:
     out = tmp_path / "b"
     assert main(["train", "--config", str(base / "config.json"), "--out", str(out)]) == 0
-    assert _losses(out, 2) == _losses(base, 2)
+    assert rank_losses(out, 2) == rank_losses(base, 2)
 
 
 def test_two_torchrun_nodes_match_a_local_run(base: Path, tmp_path: Path) -> None:
@@ -104,7 +101,7 @@ def test_two_torchrun_nodes_match_a_local_run(base: Path, tmp_path: Path) -> Non
     logs = [p.communicate(timeout=300)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], "\n".join(logs)[-3000:]
     assert json.loads((out / "config.json").read_text())["nproc"] == 2  # the real world
-    assert _losses(out, 2) == _losses(base, 2)
+    assert rank_losses(out, 2) == rank_losses(base, 2)
 
 
 def test_pretrained_tokenizer_json(tmp_path: Path) -> None:

@@ -15,12 +15,12 @@ from torch import nn
 
 from subnetdp.checkpoint.files import assemble_full_state, list_checkpoints, read_manifest
 from subnetdp.cli import main
-from subnetdp.metrics.sinks import read_jsonl
 from subnetdp.models import get_recipe
 from subnetdp.parallelize import parallelize
 from subnetdp.strategy import SDP_NAMES, Composition, get_strategy
 from subnetdp.subnet.planning import plan_for
 from tests.dist.harness import run_workers
+from tests.dist.runs import rank_losses
 
 pytestmark = pytest.mark.dist
 
@@ -203,11 +203,6 @@ ZTINY = ["--recipe", "llama-tiny", "--batch-size", "2", "--seq-len", "16", "--ev
          "--model-arg", "dim=24", "--model-arg", "ffn_hidden=40", "--bucket-cap-mb", "0.004"]
 
 
-def _losses(run: Path) -> list[list[float]]:
-    return [[r["loss"] for r in read_jsonl(run / "metrics" / f"rank{r}.jsonl")]
-            for r in range(ZWORLD)]
-
-
 def _final(run: Path) -> dict[str, torch.Tensor]:
     ckpt = list_checkpoints(run / "checkpoints")[-1]
     return assemble_full_state(ckpt, read_manifest(ckpt))
@@ -228,16 +223,16 @@ def test_zero_checkpoints_resume_exactly_and_load_without_zero(
     args = [*tiny, "--strategy", strategy, "--steps", "4", "--ckpt-every", "2"]
     assert main(["train", *args, "--zero", "2", "--out", str(zero)]) == 0
     assert main(["train", *args, "--out", str(plain)]) == 0
-    losses, final = _losses(zero), _final(zero)
+    losses, final = rank_losses(zero, ZWORLD), _final(zero)
     assert main(["train", "--resume", str(zero / "checkpoints" / "step_00000002")]) == 0
-    assert _losses(zero) == losses  # bit-identical
+    assert rank_losses(zero, ZWORLD) == losses  # bit-identical
     again = _final(zero)
     assert all(torch.equal(again[k], final[k]) for k in final)
     # the zero checkpoint into a run without zero
     assert main(["train", "--resume", str(zero / "checkpoints" / "step_00000002"),
                  "--zero", "0"]) == 0
-    assert np.allclose(_losses(zero), losses, rtol=0, atol=1e-5)
-    assert np.allclose(_losses(plain), losses, rtol=0, atol=1e-5)
+    assert np.allclose(rank_losses(zero, ZWORLD), losses, rtol=0, atol=1e-5)
+    assert np.allclose(rank_losses(plain, ZWORLD), losses, rtol=0, atol=1e-5)
     for name, ref in _final(plain).items():
         assert float((_final(zero)[name].float() - ref.float()).abs().max()) <= 1e-5, name
 
