@@ -159,6 +159,60 @@ def picks(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _by_layout(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per layout (in the campaign's order), its rows by strategy."""
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in results:
+        out[_link_text(r)][r["strategy"]] = r
+    return out
+
+
+def misses(results: list[dict[str, Any]]) -> str:
+    """Per layout, the rows inside ±BAND and the misses (predicted / measured)."""
+    lines = [f"| layout | inside ±{BAND:.0%} | the misses (predicted / measured) |",
+             "|---|---:|---|"]
+    for layout, rows in _by_layout(results).items():
+        out = [r for r in rows.values() if abs(r["ratio"] - 1) > BAND]
+        lines.append(f"| {layout} | {len(rows) - len(out)} / {len(rows)} | "
+                     + (", ".join(f"{r['strategy']} {r['ratio']:.2f}" for r in out) or "-")
+                     + " |")
+    inside = sum(abs(r["ratio"] - 1) <= BAND for r in results)
+    lines.append(f"| all | {inside} / {len(results)} ({inside / len(results):.0%}) | |")
+    return "\n".join(lines)
+
+
+def nsdp_fsdp(results: list[dict[str, Any]]) -> str:
+    """Issue 45's n-sdp+fsdp target: its step over b-sdp+fsdp's, the two interleaved step by
+    step in one run per layout; and the same for the compute-only steps."""
+    lines = ["| layout | n-sdp+fsdp s | b-sdp+fsdp s | step ratio | compute-only ratio |",
+             "|---|---:|---:|---:|---:|"]
+    for layout, rows in _by_layout(results).items():
+        n, b = rows.get("n-sdp+fsdp"), rows.get("b-sdp+fsdp")
+        if n and b:
+            lines.append(f"| {layout} | {n['step_s_median']:.3f} | {b['step_s_median']:.3f} | "
+                         f"{n['step_s_median'] / b['step_s_median']:.2f} | "
+                         f"{n['compute_s'] / b['compute_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def claim(results: list[dict[str, Any]]) -> str:
+    """The paper's wall-clock claim (b-sdp+fsdp against ddp, per step) per layout, measured
+    and predicted; against fsdp; and at matched progress (``progress_steps``)."""
+    lines = ["| layout | b-sdp+fsdp / ddp, per step | predicted | b-sdp+fsdp / fsdp, per step "
+             "| b-sdp+fsdp / ddp, matched progress |", "|---|---:|---:|---:|---:|"]
+    for layout, rows in _by_layout(results).items():
+        b, d, f = rows.get("b-sdp+fsdp"), rows.get("ddp"), rows.get("fsdp")
+        if not (b and d and f):
+            continue
+        step = b["step_s_median"] / d["step_s_median"]
+        lines.append(
+            f"| {layout} | {step:.2f} | "
+            f"{b['predicted']['step_s'] / d['predicted']['step_s']:.2f} | "
+            f"{b['step_s_median'] / f['step_s_median']:.2f} | "
+            f"{step * b['progress_steps'] / d['progress_steps']:.2f} |")
+    return "\n".join(lines)
+
+
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -250,25 +304,22 @@ def main(argv: list[str] | None = None) -> int:
     results = predict(rows, call_s, terms)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     plot(results, Path(args.plot))
-    misses = sum(abs(r["ratio"] - 1) > BAND for r in results)
-    text = table(results)
-    regime = paper_regime(results)
-    chosen = picks(results)
+    outside = sum(abs(r["ratio"] - 1) > BAND for r in results)
+    blocks = {"picks": picks(results), "misses": misses(results), "fsdp": nsdp_fsdp(results),
+              "table": table(results), "regime": paper_regime(results), "claim": claim(results)}
     out = Path(args.out)
-    page = out.read_text() if out.exists() else f"{BEGIN % 'table'}\n{END % 'table'}\n" \
-        f"{BEGIN % 'regime'}\n{END % 'regime'}\n"
-    if BEGIN % "picks" not in page:
-        page = page.replace(BEGIN % "table", f"{BEGIN % 'picks'}\n{END % 'picks'}\n\n"
-                            + BEGIN % "table")
-    for name, body in (("picks", chosen), ("table", text), ("regime", regime)):
+    # a new page: the blocks alone; an existing one keeps its prose around them
+    page = out.read_text() if out.exists() else "\n\n".join(
+        f"{BEGIN % name}\n{END % name}" for name in blocks) + "\n"
+    for name, body in blocks.items():
+        if BEGIN % name not in page:
+            raise SystemExit(f"{out}: no {BEGIN % name} ... {END % name} block to fill")
         head, _, rest = page.partition(BEGIN % name)
         _, _, tail = rest.partition(END % name)
         page = f"{head}{BEGIN % name}\n{body}\n{END % name}{tail}"
     out.write_text(page)
-    print(text)
-    print(regime)
-    print(chosen)
-    print(f"{len(results)} rows, {misses} outside ±{BAND:.0%} (FSDP host time "
+    print("\n\n".join(blocks.values()))
+    print(f"{len(results)} rows, {outside} outside ±{BAND:.0%} (FSDP host time "
           f"{call_s * 1e3:.2f} ms per call)", file=sys.stderr)
     return 0
 
