@@ -100,6 +100,15 @@ def rows_of(layout: Layout, names: list[str], out: dict[str, Any], elapsed: floa
     return rows
 
 
+def measure(layout: Layout, names: list[str]) -> list[dict[str, Any]]:
+    """One benchmark run of ``names`` on ``layout``: their rows."""
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    out = run_step_bench([spec(s) for s in names], steps=STEPS, warmup=WARMUP, compute=True,
+                         network=layout)
+    return rows_of(layout, names, out, time.perf_counter() - t0, load_before)
+
+
 def campaign() -> None:
     """Per layout, the strategies it has no row of, in one benchmark run (resumable)."""
     have = {_key(r["link"]["rate_mbit"], r["nodes"], r["strategy"]) for r in load()}
@@ -111,14 +120,10 @@ def campaign() -> None:
             continue
         print(f"run {layout.link.label()} x {layout.nodes} node(s): {', '.join(names)}",
               flush=True)
-        load_before = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        out = run_step_bench([spec(s) for s in names], steps=STEPS, warmup=WARMUP,
-                             compute=True, network=layout)
-        new = rows_of(layout, names, out, time.perf_counter() - t0, load_before)
+        new = measure(layout, names)
         save(load() + new)
         have |= {_key(layout.link.rate_mbit, layout.nodes, s) for s in names}
-        print(f"  wrote {len(new)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"  wrote {len(new)} rows in {new[0]['run']['elapsed_s']:.0f} s", flush=True)
 
 
 # -- report ---------------------------------------------------------------------------------

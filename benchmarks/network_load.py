@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,10 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from network import STEPS, WARMUP, rows_of, spec
+import network
 
 from subnetdp.bench.netem import Layout, parse_link
-from subnetdp.bench.step import run_step_bench
 
 OUT = Path(__file__).resolve().parent / "results"
 NAMES = ["ddp", "b-sdp", "fsdp", "b-sdp+fsdp", "n-sdp+fsdp"]
@@ -47,11 +45,7 @@ def hogs(n: int) -> Iterator[None]:
 
 def measure(layout: Layout, n_hogs: int) -> list[dict[str, Any]]:
     with hogs(n_hogs):
-        load = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        out = run_step_bench([spec(s) for s in NAMES], steps=STEPS, warmup=WARMUP,
-                             compute=True, network=layout)
-        rows = rows_of(layout, NAMES, out, time.perf_counter() - t0, load)
+        rows = network.measure(layout, NAMES)
     return [{**r, "hogs": n_hogs} for r in rows]
 
 

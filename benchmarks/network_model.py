@@ -119,13 +119,18 @@ def _link_text(r: dict[str, Any]) -> str:
     return tier + ("unthrottled" if rate is None else f"{rate:g} Mbit/s")
 
 
+def inside(r: dict[str, Any]) -> bool:
+    """The row's prediction is within ±BAND of its measured step."""
+    return abs(r["ratio"] - 1) <= BAND
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| link | measured Mbit/s | RTT ms | strategy | measured s | predicted s | "
              "ratio | compute meas. / pred. s | ratio, measured compute | ring MB/rank |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         p = r["predicted"]
-        miss = "" if abs(r["ratio"] - 1) <= BAND else " **miss**"
+        miss = "" if inside(r) else " **miss**"
         lines.append(
             f"| {_link_text(r)} | {r['measured_mbit']:.0f} | {r['rtt_ms']:.2f} | "
             f"{r['strategy']} | {r['step_s_median']:.3f} | {p['step_s']:.3f} | "
@@ -134,16 +139,23 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _by_layout(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per layout (in the campaign's order), its rows by strategy."""
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in results:
+        out[_link_text(r)][r["strategy"]] = r
+    return out
+
+
 def picks(results: list[dict[str, Any]]) -> str:
     """Per layout, the advisor's pick at matched progress (least predicted step x steps)
     against the measured fastest at matched progress; "within 10%" compares the measured
     matched time of the two. Layouts lacking some of the advisor's options say which."""
-    by_layout: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in results:
-        by_layout[_link_text(r)].append(r)
     lines = ["| layout | options measured | advisor's pick | measured fastest | pick's "
              "measured time / fastest's | within 10% |", "|---|---:|---|---|---:|---|"]
-    for layout, rows in by_layout.items():
+    for layout, by_strategy in _by_layout(results).items():
+        rows = list(by_strategy.values())
+
         def matched(r: dict[str, Any], key: str) -> float:
             step = r["predicted"]["step_s"] if key == "predicted" else r["step_s_median"]
             return float(step * r["progress_steps"])
@@ -159,25 +171,17 @@ def picks(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _by_layout(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per layout (in the campaign's order), its rows by strategy."""
-    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-    for r in results:
-        out[_link_text(r)][r["strategy"]] = r
-    return out
-
-
 def misses(results: list[dict[str, Any]]) -> str:
     """Per layout, the rows inside ±BAND and the misses (predicted / measured)."""
     lines = [f"| layout | inside ±{BAND:.0%} | the misses (predicted / measured) |",
              "|---|---:|---|"]
     for layout, rows in _by_layout(results).items():
-        out = [r for r in rows.values() if abs(r["ratio"] - 1) > BAND]
+        out = [r for r in rows.values() if not inside(r)]
         lines.append(f"| {layout} | {len(rows) - len(out)} / {len(rows)} | "
                      + (", ".join(f"{r['strategy']} {r['ratio']:.2f}" for r in out) or "-")
                      + " |")
-    inside = sum(abs(r["ratio"] - 1) <= BAND for r in results)
-    lines.append(f"| all | {inside} / {len(results)} ({inside / len(results):.0%}) | |")
+    n = sum(map(inside, results))
+    lines.append(f"| all | {n} / {len(results)} ({n / len(results):.0%}) | |")
     return "\n".join(lines)
 
 
@@ -304,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     results = predict(rows, call_s, terms)
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     plot(results, Path(args.plot))
-    outside = sum(abs(r["ratio"] - 1) > BAND for r in results)
+    outside = len(results) - sum(map(inside, results))
     blocks = {"picks": picks(results), "misses": misses(results), "fsdp": nsdp_fsdp(results),
               "table": table(results), "regime": paper_regime(results), "claim": claim(results)}
     out = Path(args.out)
